@@ -1,0 +1,11 @@
+// kiln: a deep-learning framework in C++ with a lazy graph and a fusing JIT.
+// Include this one header to get the whole public API.
+#pragma once
+#include "core/autograd.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/flags.h"
+#include "core/tensor.h"
+#include "jit/compiler.h"
+#include "jit/executor.h"
+#include "ops/ops.h"

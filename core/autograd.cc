@@ -1,0 +1,94 @@
+#include "core/autograd.h"
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ops/ops.h"
+
+namespace kiln {
+
+namespace {
+thread_local bool g_grad_enabled = true;
+
+// Nodes between `root` and the gradient leaves, inputs before consumers.
+std::vector<Node*> autograd_order(Node* root) {
+  std::vector<Node*> order;
+  std::unordered_set<Node*> seen;
+  std::vector<std::pair<Node*, size_t>> stack{{root, 0}};
+  seen.insert(root);
+  while (!stack.empty()) {
+    auto& [node, next] = stack.back();
+    if (!node->grad_leaf && next < node->inputs.size()) {
+      Node* in = node->inputs[next++].get();
+      if (in->requires_grad && seen.insert(in).second) stack.push_back({in, 0});
+      continue;
+    }
+    order.push_back(node);
+    stack.pop_back();
+  }
+  return order;
+}
+
+// Runs the backward sweep and returns the gradient reaching every visited node.
+std::unordered_map<Node*, Tensor> backpropagate(const Tensor& output, const Tensor& grad_output) {
+  KILN_CHECK(output.requires_grad(), "grad",
+             "the output {} does not depend on any tensor with requires_grad; mark parameters with "
+             "requires_grad_() before computing the output",
+             output.str());
+  Tensor seed = grad_output;
+  if (!seed.defined()) {
+    KILN_CHECK(output.numel() == 1, "grad",
+               "output {} has {} elements; pass grad_output or reduce it (e.g. .sum()) first",
+               shape_str(output.shape()), output.numel());
+    seed = ones_like(output);
+  }
+  KILN_CHECK(seed.shape() == output.shape(), "grad", "grad_output shape {} differs from output shape {}",
+             shape_str(seed.shape()), shape_str(output.shape()));
+  NoGradGuard no_grad;
+  std::unordered_map<Node*, Tensor> grads;
+  grads[output.node().get()] = cast(seed, output.dtype());
+  std::vector<Node*> order = autograd_order(output.node().get());
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node* node = *it;
+    if (node->grad_leaf || node->inputs.empty()) continue;
+    auto found = grads.find(node);
+    if (found == grads.end()) continue;
+    std::vector<Tensor> in_grads = grad_rule(node->op)(node->shared_from_this(), found->second);
+    for (size_t i = 0; i < node->inputs.size() && i < in_grads.size(); ++i) {
+      Node* in = node->inputs[i].get();
+      if (!in->requires_grad || !in_grads[i].defined()) continue;
+      auto [slot, inserted] = grads.try_emplace(in, in_grads[i]);
+      if (!inserted) slot->second = add(slot->second, in_grads[i]);
+    }
+  }
+  return grads;
+}
+}  // namespace
+
+bool grad_enabled() { return g_grad_enabled; }
+NoGradGuard::NoGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { g_grad_enabled = previous_; }
+
+std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs, const Tensor& grad_output) {
+  auto grads = backpropagate(output, grad_output);
+  std::vector<Tensor> result;
+  NoGradGuard no_grad;
+  for (const Tensor& in : inputs) {
+    auto it = grads.find(in.node().get());
+    result.push_back(it != grads.end() ? it->second : zeros(in.shape(), in.dtype()));
+  }
+  return result;
+}
+
+void Tensor::backward() const {
+  auto grads = backpropagate(*this, {});
+  NoGradGuard no_grad;
+  for (auto& [node, g] : grads) {
+    if (!node->grad_leaf) continue;
+    std::shared_ptr<Var> v = node->var.lock();
+    if (!v || v->node.get() != node) continue;
+    v->grad = v->grad ? TensorAccess::var(add(TensorAccess::from_var(v->grad), g)) : TensorAccess::var(g);
+  }
+}
+
+}  // namespace kiln

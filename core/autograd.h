@@ -1,0 +1,36 @@
+// Symbolic, lazy reverse-mode autograd (as in Jittor): gradients are new graph nodes, recorded
+// like any other op and run together with the forward when a value is needed.
+//
+//   auto grads = kiln::grad(loss, {w, b});  // lazy tensors shaped like w and b
+//   { kiln::NoGradGuard no_grad; ... }      // records no gradient information inside
+#pragma once
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kiln {
+
+bool grad_enabled();
+
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// d(output)/d(input) for each input; `output` must have one element unless `grad_output` is
+// given. Inputs the output does not depend on get zeros.
+std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs,
+                         const Tensor& grad_output = {});
+
+// Gradient rule of one primitive: given the node and the gradient of its output, returns the
+// gradient of each input (undefined where an input gets none). Defined in ops/grad_rules.cc.
+using GradRule = std::vector<Tensor> (*)(const NodePtr& node, const Tensor& grad_out);
+GradRule grad_rule(Op op);
+
+}  // namespace kiln

@@ -1,0 +1,65 @@
+// Global typed flags. Every flag is declared once below (type, name, default, doc); each can be
+// set in code (`kiln::flags().lazy = false`), from the environment (`KILN_LAZY=0`), or for a scope:
+//
+//   { kiln::FlagsGuard guard;             // restores every flag when it goes out of scope
+//     kiln::flags().memory_pool = kiln::MemoryPool::None;
+//     ... }
+//   kiln::flags().print();                // lists every flag, its value and where it came from
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace kiln {
+
+enum class MemoryPool : uint8_t { None, Pool };
+enum class AmpMode : uint8_t { None, Float16, BFloat16 };
+
+// X(type, name, default, doc). Env var is KILN_<NAME upper-cased>.
+#define KILN_FLAG_LIST(X)                                                                         \
+  X(bool, lazy, true, "record ops lazily and run them when a value is needed; 0 = eager mode")     \
+  X(bool, use_cuda, false, "create new tensors on the first CUDA device")                          \
+  X(int, log, 0, "0 quiet; 1 schedule summary and cache hits; 2 a line per kernel; 3 source")      \
+  X(std::string, cache_dir, "", "kernel cache directory (default ~/.cache/kiln)")                  \
+  X(bool, plan_cache, true, "reuse the schedule and kernels of a structurally identical graph")   \
+  X(bool, disk_cache, true, "keep compiled kernels on disk across processes")                     \
+  X(int64_t, seed, 0, "seed of the counter-based random generator")                                \
+  X(int, num_threads, 0, "CPU threads for kernels and oneDNN (0 = all cores)")                     \
+  X(MemoryPool, memory_pool, MemoryPool::Pool, "none|pool: caching allocator or plain malloc")     \
+  X(std::string, memory_budget, "", "plan memory budget: a size (512MiB) or a fraction (0.5)")     \
+  X(std::string, memory_limit, "", "cap on total allocated bytes (e.g. 2GiB); empty = none")       \
+  X(bool, debug_memory, false, "fill every freed buffer with NaN to catch use-after-free")         \
+  X(AmpMode, amp, AmpMode::None, "none|fp16|bf16: automatic mixed precision")                      \
+  X(bool, quantize, false, "quantize Linear layers for inference")                                 \
+  X(int, quantize_bits, 8, "bit width used when quantize is on")
+
+struct Flags {
+#define KILN_DECLARE_FLAG(type, name, def, doc) type name = def;
+  KILN_FLAG_LIST(KILN_DECLARE_FLAG)
+#undef KILN_DECLARE_FLAG
+
+  // Prints every flag with its value, its environment variable and its source.
+  void print() const;
+  std::string to_string() const;
+  // Sets a flag from text, as the environment does; throws kiln::Error on unknown names/values.
+  void set(const std::string& name, const std::string& value);
+};
+
+// The process-wide flags, read from KILN_* environment variables on first use.
+Flags& flags();
+
+// Restores all flags to their values at construction when destroyed.
+class FlagsGuard {
+ public:
+  FlagsGuard();
+  ~FlagsGuard();
+  FlagsGuard(const FlagsGuard&) = delete;
+  FlagsGuard& operator=(const FlagsGuard&) = delete;
+
+ private:
+  Flags saved_;
+};
+
+// Parses "512MiB", "2GB", "1048576" into bytes; throws kiln::Error naming `what`.
+int64_t parse_size(const std::string& text, const char* what);
+
+}  // namespace kiln

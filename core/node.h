@@ -1,0 +1,83 @@
+// A graph node: one primitive op applied to input nodes, with the shape and dtype of its result.
+// Nodes are immutable values; once realized they hold a Storage and drop their inputs (unless
+// autograd may still need the graph). Tensor handles point at nodes through a Var.
+#pragma once
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/op.h"
+#include "core/shape.h"
+
+namespace kiln {
+
+// Realized memory of one node. The deleter comes from memory/ (pool or plain allocation).
+struct Storage {
+  void* data = nullptr;
+  size_t bytes = 0;
+  Device device;
+  void (*release)(void* data, size_t bytes, Device device) = nullptr;
+
+  Storage() = default;
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  ~Storage() {
+    if (release && data) release(data, bytes, device);
+  }
+};
+
+struct Var;
+struct Node;
+using NodePtr = std::shared_ptr<Node>;
+
+struct Node : std::enable_shared_from_this<Node> {
+  Op op = Op::Input;
+  DType dtype = DType::Float32;
+  Device device;
+  Shape shape;
+  std::vector<NodePtr> inputs;
+  std::vector<int64_t> ints;  // attributes: axes (reduce), perm, slice starts+steps, pad before+after
+  double scalar = 0;          // Full: the value (bound at run time, not part of the plan key)
+  uint64_t seed = 0;          // Rand*: Philox key; Rand* counter base is `offset` (both bound at run time)
+  uint64_t offset = 0;
+  std::shared_ptr<Storage> storage;  // set once realized
+
+  int held = 0;                // how many Vars (user handles) point here
+  bool requires_grad = false;  // a gradient leaf is upstream of this node
+  bool grad_leaf = false;      // autograd stops here; gradient goes to `var`
+  std::weak_ptr<Var> var;      // for grad leaves: the variable whose .grad() accumulates
+  uint64_t id = next_id();
+
+  bool realized() const { return storage != nullptr; }
+  int64_t numel() const { return kiln::numel(shape); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+
+  static uint64_t next_id() {
+    static std::atomic<uint64_t> counter{0};
+    return ++counter;
+  }
+};
+
+// A variable: what a Tensor handle refers to. Ops read its current node; assign() points it at a
+// new node, so every handle sharing the variable (a module, its optimizer) sees the update.
+struct Var {
+  NodePtr node;
+  std::shared_ptr<Var> grad;  // accumulated gradient (a lazy node until realized)
+  bool requires_grad = false;
+
+  explicit Var(NodePtr n) { set(std::move(n)); }
+  ~Var() {
+    if (node) --node->held;
+  }
+  Var(const Var&) = delete;
+  Var& operator=(const Var&) = delete;
+  void set(NodePtr n) {
+    if (n) ++n->held;
+    if (node) --node->held;
+    node = std::move(n);
+  }
+};
+
+}  // namespace kiln

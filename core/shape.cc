@@ -1,0 +1,48 @@
+#include "core/shape.h"
+
+#include "core/error.h"
+
+namespace kiln {
+
+int64_t numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::vector<int64_t> contiguous_strides(const Shape& s) {
+  std::vector<int64_t> st(s.size());
+  int64_t acc = 1;
+  for (size_t i = s.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= s[i];
+  }
+  return st;
+}
+
+std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  size_t r = std::max(a.size(), b.size());
+  Shape out(r);
+  for (size_t i = 0; i < r; ++i) {
+    int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
+    int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
+    KILN_CHECK(da == db || da == 1 || db == 1, op,
+               "shapes {} and {} cannot be broadcast together (dimension {}: {} vs {}); "
+               "make the sizes equal or 1, e.g. with reshape or unsqueeze",
+               shape_str(a), shape_str(b), i, da, db);
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+int normalize_axis(int64_t axis, size_t rank, const char* op) {
+  int64_t r = static_cast<int64_t>(rank);
+  KILN_CHECK(axis >= -r && axis < std::max<int64_t>(r, 1), op,
+             "axis {} is out of range for a tensor of rank {} (valid: {}..{})", axis, rank, -r,
+             std::max<int64_t>(r, 1) - 1);
+  return static_cast<int>(axis < 0 ? axis + r : axis);
+}
+
+}  // namespace kiln

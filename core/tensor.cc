@@ -1,0 +1,140 @@
+#include "core/tensor.h"
+
+#include "core/autograd.h"
+#include "core/flags.h"
+#include "ops/ops.h"
+
+namespace kiln {
+
+Tensor::Tensor(NodePtr node) : var_(std::make_shared<Var>(std::move(node))) {}
+
+const NodePtr& Tensor::node() const {
+  KILN_CHECK(var_ != nullptr, "tensor", "use of an undefined tensor (default-constructed Tensor)");
+  return var_->node;
+}
+
+int64_t Tensor::size(int64_t axis) const { return shape()[normalize_axis(axis, dim(), "size")]; }
+
+std::string Tensor::str() const {
+  if (!defined()) return "Tensor(undefined)";
+  return fmt::format("Tensor{} {}{}", shape_str(shape()), dtype_name(dtype()),
+                     device().is_cpu() ? "" : " " + device().str());
+}
+
+Tensor& Tensor::realize() {
+  sync({*this});
+  return *this;
+}
+
+const void* Tensor::data() const {
+  if (!is_realized()) sync({*this});
+  return node()->storage->data;
+}
+
+std::vector<double> Tensor::to_doubles() const {
+  const void* p = data();
+  std::vector<double> out(numel());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = load_as_double(p, dtype(), i);
+  return out;
+}
+
+template <typename T> std::vector<T> Tensor::to_vector() const {
+  constexpr DType want = dtype_of<T>();
+  if (dtype() != want) return kiln::cast(*this, want).template to_vector<T>();
+  const T* p = static_cast<const T*>(data());
+  return std::vector<T>(p, p + numel());
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
+template std::vector<int8_t> Tensor::to_vector<int8_t>() const;
+template std::vector<bool> Tensor::to_vector<bool>() const;
+
+double Tensor::item() const {
+  KILN_CHECK(numel() == 1, "item", "tensor {} has {} elements; item() needs exactly one", shape_str(shape()), numel());
+  return load_as_double(data(), dtype(), 0);
+}
+
+bool Tensor::requires_grad() const { return node()->requires_grad; }
+
+Tensor& Tensor::requires_grad_(bool on) {
+  KILN_CHECK(!on || is_floating(dtype()), "requires_grad_", "only floating-point tensors can require gradients; {} is {}",
+             shape_str(shape()), dtype_name(dtype()));
+  var_->requires_grad = on;
+  const NodePtr& n = node();
+  if (on && (!n->grad_leaf || n->var.lock() != var_)) {
+    // Gradients flow to this variable from here on: make its current value a leaf of its own.
+    auto leaf = std::make_shared<Node>(*n);
+    leaf->id = Node::next_id();
+    leaf->held = 0;
+    if (!leaf->realized()) leaf->inputs = n->inputs;
+    leaf->grad_leaf = true;
+    leaf->requires_grad = true;
+    leaf->var = var_;
+    if (n->realized() || n->op == Op::Input) leaf->inputs.clear();
+    var_->set(leaf);
+  }
+  if (!on) var_->node->requires_grad = false;
+  return *this;
+}
+
+Tensor Tensor::grad() const {
+  if (!var_ || !var_->grad) return {};
+  return TensorAccess::from_var(var_->grad);
+}
+
+void Tensor::set_grad(const Tensor& g) { var_->grad = g.defined() ? TensorAccess::var(g) : nullptr; }
+void Tensor::zero_grad() { var_->grad.reset(); }
+
+Tensor Tensor::detach() const {
+  const NodePtr& n = node();
+  auto copy = std::make_shared<Node>(*n);
+  copy->id = Node::next_id();
+  copy->held = 0;
+  copy->requires_grad = false;
+  copy->grad_leaf = false;
+  copy->var.reset();
+  return Tensor(copy);
+}
+
+void Tensor::assign(const Tensor& value) {
+  KILN_CHECK(value.shape() == shape() && value.device() == device(), "assign",
+             "value {} does not match the variable {}", value.str(), str());
+  Tensor v = value.dtype() == dtype() ? value : kiln::cast(value, dtype());
+  auto node = std::make_shared<Node>(*v.node());
+  node->id = Node::next_id();
+  node->held = 0;
+  node->requires_grad = var_->requires_grad;
+  node->grad_leaf = var_->requires_grad;
+  node->var = var_;
+  var_->set(node);
+  if (!flags().lazy) realize();
+}
+
+Tensor Tensor::reshape(Shape s) const { return kiln::reshape(*this, std::move(s)); }
+Tensor Tensor::flatten(int64_t start, int64_t end) const { return kiln::flatten(*this, start, end); }
+Tensor Tensor::permute(std::vector<int64_t> perm) const { return kiln::permute(*this, std::move(perm)); }
+Tensor Tensor::transpose(int64_t a, int64_t b) const { return kiln::transpose(*this, a, b); }
+Tensor Tensor::expand(Shape s) const { return kiln::expand(*this, std::move(s)); }
+Tensor Tensor::unsqueeze(int64_t axis) const { return kiln::unsqueeze(*this, axis); }
+Tensor Tensor::squeeze(int64_t axis) const { return kiln::squeeze(*this, axis); }
+Tensor Tensor::slice(int64_t axis, int64_t start, int64_t stop, int64_t step) const {
+  return kiln::slice(*this, axis, start, stop, step);
+}
+Tensor Tensor::cast(DType t) const { return kiln::cast(*this, t); }
+Tensor Tensor::sum(std::vector<int64_t> axes, bool keepdim) const { return kiln::sum(*this, std::move(axes), keepdim); }
+Tensor Tensor::mean(std::vector<int64_t> axes, bool keepdim) const { return kiln::mean(*this, std::move(axes), keepdim); }
+Tensor Tensor::max(std::vector<int64_t> axes, bool keepdim) const { return kiln::max(*this, std::move(axes), keepdim); }
+Tensor Tensor::exp() const { return kiln::exp(*this); }
+Tensor Tensor::log() const { return kiln::log(*this); }
+Tensor Tensor::sqrt() const { return kiln::sqrt(*this); }
+Tensor Tensor::abs() const { return kiln::abs(*this); }
+Tensor Tensor::relu() const { return kiln::relu(*this); }
+Tensor Tensor::sigmoid() const { return kiln::sigmoid(*this); }
+Tensor Tensor::tanh() const { return kiln::tanh(*this); }
+Tensor Tensor::pow(double e) const { return kiln::pow(*this, e); }
+Tensor Tensor::matmul(const Tensor& other) const { return kiln::matmul(*this, other); }
+
+}  // namespace kiln

@@ -1,0 +1,114 @@
+// Source text placed at the top of every generated C++ translation unit: element conversions,
+// vectorizable float math (exp, log, tanh, erf) and the Philox counter-based generator.
+#pragma once
+
+namespace kiln::jit {
+
+inline constexpr const char* kCpuPrelude = R"KILN(
+#include <stdint.h>
+typedef uint16_t kiln_half;
+typedef uint16_t kiln_bf16;
+static inline float kiln_h2f(uint16_t h) { _Float16 f; __builtin_memcpy(&f, &h, 2); return (float)f; }
+static inline uint16_t kiln_f2h(float x) { _Float16 f = (_Float16)x; uint16_t h; __builtin_memcpy(&h, &f, 2); return h; }
+static inline float kiln_bf2f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; __builtin_memcpy(&f, &u, 4); return f; }
+static inline uint16_t kiln_f2bf(float x) {
+  uint32_t u; __builtin_memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+static inline float kiln_round_h(float x) { return kiln_h2f(kiln_f2h(x)); }
+static inline float kiln_round_bf(float x) { return kiln_bf2f(kiln_f2bf(x)); }
+static inline float kiln_bits_f(uint32_t u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
+static inline uint32_t kiln_f_bits(float f) { uint32_t u; __builtin_memcpy(&u, &f, 4); return u; }
+
+// exp: 2^n * e^r with |r| <= ln2/2, degree-7 polynomial (about 1 ulp).
+static inline float kiln_expf(float x) {
+  float xc = x < -87.33654f ? -87.33654f : (x > 88.72283f ? 88.72283f : x);
+  float n = __builtin_rintf(xc * 1.44269504f);
+  float r = xc - n * 0.693145752f - n * 1.42860677e-6f;
+  float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f +
+            r * (0.00138888892f + r * 0.000198412701f))))));
+  float s = kiln_bits_f((uint32_t)((int32_t)n + 127) << 23);
+  float y = p * s;
+  y = x > 88.72283f ? __builtin_inff() : y;
+  y = x < -87.33654f ? 0.0f : y;
+  return x != x ? x : y;
+}
+// log: m * 2^e with m in [sqrt(1/2), sqrt(2)); log m = 2 atanh((m-1)/(m+1)).
+static inline float kiln_logf(float x) {
+  uint32_t u = kiln_f_bits(x);
+  int32_t e = (int32_t)((u >> 23) & 0xff) - 127;
+  float m = kiln_bits_f((u & 0x007fffffu) | 0x3f800000u);
+  if (m > 1.41421356f) { m *= 0.5f; e += 1; }
+  float s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
+  float p = 2.0f * s * (1.0f + s2 * (0.333333333f + s2 * (0.2f + s2 * (0.142857143f + s2 * 0.111111111f))));
+  float y = p + (float)e * 0.693147181f;
+  y = x == 0.0f ? -__builtin_inff() : y;
+  y = x < 0.0f ? __builtin_nanf("") : y;
+  y = x == __builtin_inff() ? x : y;
+  return x != x ? x : y;
+}
+static inline float kiln_tanhf(float x) {
+  float a = x < 0 ? -x : x;
+  float x2 = x * x;
+  float small = x * (1.0f + x2 * (-0.333333333f + x2 * (0.133333333f + x2 * (-0.0539682540f + x2 * 0.0218694885f))));
+  float e = kiln_expf(-2.0f * a);
+  float big = (1.0f - e) / (1.0f + e);
+  big = x < 0 ? -big : big;
+  return a < 0.1f ? small : big;
+}
+static inline float kiln_erff(float x) {
+  float a = x < 0 ? -x : x;
+  float x2 = x * x;
+  float small = 1.12837917f * x * (1.0f + x2 * (-0.333333333f + x2 * (0.1f + x2 * (-0.0238095238f +
+                x2 * (0.00462962963f + x2 * -0.000757575758f)))));
+  float t = 1.0f / (1.0f + 0.3275911f * a);
+  float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+  float big = 1.0f - poly * kiln_expf(-a * a);
+  big = x < 0 ? -big : big;
+  return a < 0.5f ? small : big;
+}
+static inline int64_t kiln_check_index(int64_t j, int64_t extent, int64_t* err) {
+  if (j < 0 || j >= extent) { __atomic_store_n(err, j == INT64_MIN ? -1 : j, __ATOMIC_RELAXED); __atomic_store_n(err + 1, 1, __ATOMIC_RELAXED); return 0; }
+  return j;
+}
+// Philox4x32-10 (Salmon et al. 2011): key = seed, counter = element number.
+static inline void kiln_philox(uint64_t seed, uint64_t counter, uint32_t out[4]) {
+  uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+    c1 = (uint32_t)p1; c3 = (uint32_t)p0; c0 = n0; c2 = n2;
+    k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+  }
+  out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+static inline float kiln_uniform_f(uint64_t seed, uint64_t offset, int64_t i) {
+  uint32_t r[4]; kiln_philox(seed, offset + (uint64_t)i, r);
+  return (float)(r[0] >> 8) * 5.9604644775390625e-08f;
+}
+static inline double kiln_uniform_d(uint64_t seed, uint64_t offset, int64_t i) {
+  uint32_t r[4]; kiln_philox(seed, offset + (uint64_t)i, r);
+  uint64_t bits = ((uint64_t)r[0] << 21) ^ (uint64_t)r[1];
+  return (double)(bits & ((1ull << 53) - 1)) * 1.1102230246251565e-16;
+}
+static inline float kiln_normal_f(uint64_t seed, uint64_t offset, int64_t i) {
+  uint32_t r[4]; kiln_philox(seed, offset + (uint64_t)i, r);
+  float u1 = ((float)(r[0] >> 8) + 1.0f) * 5.9604644775390625e-08f;
+  float u2 = (float)(r[1] >> 8) * 5.9604644775390625e-08f;
+  return __builtin_sqrtf(-2.0f * kiln_logf(u1)) * __builtin_cosf(6.28318531f * u2);
+}
+static inline double kiln_normal_d(uint64_t seed, uint64_t offset, int64_t i) {
+  uint32_t r[4]; kiln_philox(seed, offset + (uint64_t)i, r);
+  double u1 = ((double)(((uint64_t)r[0] << 21) ^ r[1]) + 1.0) * 1.1102230246251565e-16;
+  double u2 = (double)(((uint64_t)r[2] << 21) ^ r[3]) * 1.1102230246251565e-16;
+  u1 = u1 > 1.0 ? 1.0 : u1;
+  return __builtin_sqrt(-2.0 * __builtin_log(u1)) * __builtin_cos(6.283185307179586 * u2);
+}
+#define KILN_MAX(a, b) (((a) != (a) || (a) > (b)) ? (a) : (b))
+#define KILN_MIN(a, b) (((a) != (a) || (a) < (b)) ? (a) : (b))
+)KILN";
+
+}  // namespace kiln::jit

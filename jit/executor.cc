@@ -1,0 +1,168 @@
+#include "jit/executor.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/flags.h"
+#include "core/tensor.h"
+#include "jit/compiler.h"
+#include "jit/render_cpp.h"
+#include "jit/schedule.h"
+#include "memory/allocator.h"
+#include "ops/matmul_onednn.h"
+
+namespace kiln::jit {
+
+namespace {
+
+struct Plan {
+  Schedule schedule;
+  std::shared_ptr<CompiledModule> module;
+  std::vector<KernelFn> fns;        // per kernel; null for library calls
+  std::vector<int> last_use;        // per slot: last kernel reading or writing it
+  std::vector<int> producer;        // per slot: kernel writing it (-1 for externals)
+};
+
+std::mutex g_mutex;
+std::unordered_map<std::string, std::unique_ptr<Plan>> g_plans;
+
+std::unique_ptr<Plan> build_plan(const PendingGraph& graph) {
+  auto plan = std::make_unique<Plan>();
+  plan->schedule = schedule(graph);
+  const Schedule& s = plan->schedule;
+  plan->last_use.assign(s.slots.size(), -1);
+  plan->producer.assign(s.slots.size(), -1);
+  int jit_kernels = 0;
+  for (size_t k = 0; k < s.kernels.size(); ++k) {
+    for (const KernelBuffer& b : s.kernels[k].buffers) plan->last_use[b.slot] = static_cast<int>(k);
+    plan->producer[s.kernels[k].buffers[0].slot] = static_cast<int>(k);
+    jit_kernels += s.kernels[k].kind != KernelKind::Matmul;
+  }
+  plan->fns.assign(s.kernels.size(), nullptr);
+  if (jit_kernels > 0) {
+    plan->module = compile_cached(render_cpp(s.kernels), jit_kernels);
+    for (size_t k = 0; k < s.kernels.size(); ++k)
+      if (s.kernels[k].kind != KernelKind::Matmul)
+        plan->fns[k] = reinterpret_cast<KernelFn>(plan->module->symbol(s.kernels[k].name));
+  }
+  stats().plans_built++;
+  return plan;
+}
+
+void run_matmul(const Kernel& k, void* const* ptrs) {
+  const MatmulCall& mm = k.matmul;
+  DType t = k.buffers[0].dtype;
+  size_t es = dtype_size(t);
+  const char* a = static_cast<const char*>(ptrs[k.buffers[mm.a_buffer].slot]) + mm.a_offset * es;
+  const char* b = static_cast<const char*>(ptrs[k.buffers[mm.b_buffer].slot]) + mm.b_offset * es;
+  onednn::matmul(t, a, mm.a_strides, b, mm.b_strides, ptrs[k.buffers[0].slot], mm.batch, mm.M, mm.K, mm.N);
+}
+
+void run_plan(const Plan& plan, const PendingGraph& graph) {
+  const Schedule& s = plan.schedule;
+  std::vector<std::shared_ptr<Storage>> storage(s.slots.size());
+  std::vector<void*> ptrs(s.slots.size(), nullptr);
+  for (size_t i = 0; i < s.slots.size(); ++i)
+    if (s.slots[i].external >= 0) {
+      storage[i] = graph.externals[s.slots[i].external]->storage;
+      ptrs[i] = storage[i]->data;
+    }
+  std::vector<double> scalars;
+  for (int n : s.scalar_nodes) scalars.push_back(graph.nodes[n]->scalar);
+  std::vector<int64_t> int_scalars;
+  for (int n : s.rand_nodes) {
+    int_scalars.push_back(static_cast<int64_t>(graph.nodes[n]->seed));
+    int_scalars.push_back(static_cast<int64_t>(graph.nodes[n]->offset));
+  }
+  scalars.push_back(0);
+  int_scalars.push_back(0);
+  if (flags().num_threads > 0) omp_set_num_threads(flags().num_threads);
+
+  for (size_t k = 0; k < s.kernels.size(); ++k) {
+    const Kernel& kernel = s.kernels[k];
+    int out_slot = kernel.buffers[0].slot;
+    const PlanSlot& slot = s.slots[out_slot];
+    storage[out_slot] = memory::allocate_storage(static_cast<size_t>(slot.numel) * dtype_size(slot.dtype), Device::cpu());
+    ptrs[out_slot] = storage[out_slot]->data;
+    auto start = std::chrono::steady_clock::now();
+    int64_t error[2] = {0, 0};
+    if (kernel.kind == KernelKind::Matmul) run_matmul(kernel, ptrs.data());
+    else plan.fns[k](ptrs.data(), scalars.data(), int_scalars.data(), error);
+    stats().kernels_run++;
+    if (flags().log >= 2) {
+      double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+      fmt::print(stderr, "[kiln]   {:<10} {:>9.1f} us  {}\n", kernel.name, us, kernel.summary);
+    }
+    KILN_CHECK(error[1] == 0, "gather/scatter_add",
+               "index {} is out of range in kernel `{}`; indices must lie in [0, size) of the indexed dimension",
+               error[0], kernel.summary);
+    for (const KernelBuffer& b : kernel.buffers)
+      if (plan.last_use[b.slot] == static_cast<int>(k) && !s.slots[b.slot].output && s.slots[b.slot].external < 0) {
+        storage[b.slot].reset();
+        ptrs[b.slot] = nullptr;
+      }
+  }
+  // Commit only after every kernel succeeded: a failed run leaves all tensors as they were.
+  for (size_t i = 0; i < s.slots.size(); ++i) {
+    if (!s.slots[i].output) continue;
+    Node* node = graph.nodes[s.slots[i].node].get();
+    node->storage = storage[i];
+    if (!node->requires_grad) node->inputs.clear();
+  }
+}
+
+}  // namespace
+
+void realize(const std::vector<NodePtr>& targets) {
+  PendingGraph graph = collect_pending(targets);
+  if (graph.nodes.empty()) return;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  Plan* plan = nullptr;
+  std::unique_ptr<Plan> uncached;
+  bool hit = false;
+  if (flags().plan_cache) {
+    auto it = g_plans.find(graph.key);
+    if (it != g_plans.end()) {
+      plan = it->second.get();
+      hit = true;
+      stats().plan_cache_hits++;
+    }
+  }
+  if (!plan) {
+    uncached = build_plan(graph);
+    plan = uncached.get();
+  }
+  if (flags().log >= 1)
+    fmt::print(stderr, "[kiln] realize: {} nodes, {} inputs -> {} kernels (plan cache {})\n", graph.nodes.size(),
+               graph.externals.size(), plan->schedule.kernels.size(), hit ? "hit" : "miss");
+  if (flags().log >= 1 && !hit)
+    for (const Kernel& k : plan->schedule.kernels) fmt::print(stderr, "[kiln]   {:<10} {}\n", k.name, k.summary);
+  run_plan(*plan, graph);
+  if (uncached && flags().plan_cache) g_plans.emplace(graph.key, std::move(uncached));
+}
+
+void clear_plan_cache() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_plans.clear();
+}
+
+size_t plan_cache_size() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_plans.size();
+}
+
+}  // namespace kiln::jit
+
+namespace kiln {
+
+void sync(const std::vector<Tensor>& tensors) {
+  std::vector<NodePtr> targets;
+  for (const Tensor& t : tensors)
+    if (t.defined()) targets.push_back(t.node());
+  jit::realize(targets);
+}
+
+}  // namespace kiln

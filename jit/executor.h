@@ -1,0 +1,15 @@
+// The executor: realize(targets) takes every pending node they need, finds or builds a plan
+// (schedule + compiled kernels) keyed by the graph's structure, binds this run's data and runs
+// it. A repeated training step hits the plan cache and skips scheduling and compiling.
+#pragma once
+#include <vector>
+
+#include "core/node.h"
+
+namespace kiln::jit {
+
+void realize(const std::vector<NodePtr>& targets);
+void clear_plan_cache();
+size_t plan_cache_size();
+
+}  // namespace kiln::jit

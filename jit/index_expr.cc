@@ -1,0 +1,167 @@
+#include "jit/index_expr.h"
+
+#include <algorithm>
+#include <map>
+
+#include <fmt/format.h>
+
+namespace kiln::jit {
+
+namespace {
+int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
+int64_t floor_mod(int64_t a, int64_t b) { return a - floor_div(a, b) * b; }
+int64_t gcd(int64_t a, int64_t b) {
+  a = a < 0 ? -a : a;
+  b = b < 0 ? -b : b;
+  while (b) {
+    int64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+IndexExpr scale_down(const IndexExpr& a, int64_t g) {
+  IndexExpr r = a;
+  for (auto& t : r.terms) t.coeff /= g;
+  r.constant /= g;
+  return r;
+}
+bool same(const IndexExpr& a, const IndexExpr& b) {
+  if (a.constant != b.constant || a.terms.size() != b.terms.size()) return false;
+  for (size_t i = 0; i < a.terms.size(); ++i)
+    if (a.terms[i].coeff != b.terms[i].coeff || a.terms[i].atom != b.terms[i].atom) return false;
+  return true;
+}
+}  // namespace
+
+int IndexContext::intern(IndexAtom atom) {
+  for (size_t i = 0; i < atoms_.size(); ++i) {
+    const IndexAtom& o = atoms_[i];
+    if (o.kind != atom.kind || o.divisor != atom.divisor) continue;
+    if (atom.kind == IndexAtom::Kind::Var ? o.name == atom.name : same(inners_[o.inner], inners_[atom.inner]))
+      return static_cast<int>(i);
+  }
+  atoms_.push_back(std::move(atom));
+  return static_cast<int>(atoms_.size() - 1);
+}
+
+IndexExpr IndexContext::var(const std::string& name, int64_t extent) {
+  IndexAtom a{IndexAtom::Kind::Var, name, -1, 1, 0, std::max<int64_t>(extent - 1, 0)};
+  int id = intern(a);
+  if (extent <= 1) return constant(0);
+  return IndexExpr{{{1, id}}, 0};
+}
+
+IndexExpr IndexContext::add(const IndexExpr& a, const IndexExpr& b) const {
+  std::map<int, int64_t> acc;
+  for (auto& t : a.terms) acc[t.atom] += t.coeff;
+  for (auto& t : b.terms) acc[t.atom] += t.coeff;
+  IndexExpr r;
+  r.constant = a.constant + b.constant;
+  for (auto& [atom, c] : acc)
+    if (c != 0) r.terms.push_back({c, atom});
+  return r;
+}
+
+IndexExpr IndexContext::scale(const IndexExpr& a, int64_t c) const {
+  if (c == 0) return constant(0);
+  IndexExpr r = a;
+  for (auto& t : r.terms) t.coeff *= c;
+  r.constant *= c;
+  return r;
+}
+
+int64_t IndexContext::min(const IndexExpr& a) const {
+  int64_t v = a.constant;
+  for (auto& t : a.terms) v += t.coeff > 0 ? t.coeff * atoms_[t.atom].min : t.coeff * atoms_[t.atom].max;
+  return v;
+}
+
+int64_t IndexContext::max(const IndexExpr& a) const {
+  int64_t v = a.constant;
+  for (auto& t : a.terms) v += t.coeff > 0 ? t.coeff * atoms_[t.atom].max : t.coeff * atoms_[t.atom].min;
+  return v;
+}
+
+IndexExpr IndexContext::div(const IndexExpr& a, int64_t d) {
+  if (d == 1) return a;
+  if (a.terms.empty()) return constant(floor_div(a.constant, d));
+  // Split a = d*q + r where r holds the terms whose coefficients d does not divide.
+  IndexExpr q, r;
+  for (auto& t : a.terms) {
+    if (t.coeff % d == 0) q.terms.push_back({t.coeff / d, t.atom});
+    else r.terms.push_back(t);
+  }
+  q.constant = floor_div(a.constant, d);
+  r.constant = floor_mod(a.constant, d);
+  if (min(r) >= 0 && max(r) < d) return q;
+  // Common factor of every coefficient, the constant and d: (g*x)/(g*k) = x/k.
+  int64_t g = d;
+  for (auto& t : a.terms) g = gcd(g, t.coeff);
+  g = gcd(g, a.constant);
+  if (g > 1) return div(scale_down(a, g), d / g);
+  IndexAtom atom{IndexAtom::Kind::Div, "", static_cast<int>(inners_.size()), d, floor_div(min(a), d),
+                 floor_div(max(a), d)};
+  inners_.push_back(a);
+  int id = intern(atom);
+  if (id != static_cast<int>(atoms_.size()) - 1) inners_.pop_back();
+  return IndexExpr{{{1, id}}, 0};
+}
+
+IndexExpr IndexContext::mod(const IndexExpr& a, int64_t d) {
+  if (d == 1) return constant(0);
+  if (a.terms.empty()) return constant(floor_mod(a.constant, d));
+  if (min(a) >= 0 && max(a) < d) return a;
+  IndexExpr r;
+  for (auto& t : a.terms)
+    if (t.coeff % d != 0) r.terms.push_back(t);
+  r.constant = floor_mod(a.constant, d);
+  if (min(r) >= 0) {
+    if (max(r) < d) return r;
+    if (r.terms.size() < a.terms.size()) return mod(r, d);
+  }
+  int64_t g = d;
+  for (auto& t : a.terms) g = gcd(g, t.coeff);
+  g = gcd(g, a.constant);
+  if (g > 1 && min(a) >= 0) return scale(mod(scale_down(a, g), d / g), g);
+  IndexAtom atom{IndexAtom::Kind::Mod, "", static_cast<int>(inners_.size()), d, 0, d - 1};
+  if (min(a) >= 0) atom.max = std::min(d - 1, max(a));
+  else atom.min = -(d - 1);
+  inners_.push_back(a);
+  int id = intern(atom);
+  if (id != static_cast<int>(atoms_.size()) - 1) inners_.pop_back();
+  return IndexExpr{{{1, id}}, 0};
+}
+
+bool IndexContext::is_affine(const IndexExpr& a) const {
+  for (auto& t : a.terms)
+    if (atoms_[t.atom].kind != IndexAtom::Kind::Var) return false;
+  return true;
+}
+
+int64_t IndexContext::coefficient(const IndexExpr& a, const std::string& name) const {
+  for (auto& t : a.terms)
+    if (atoms_[t.atom].kind == IndexAtom::Kind::Var && atoms_[t.atom].name == name) return t.coeff;
+  return 0;
+}
+
+std::string IndexContext::render(const IndexExpr& a) const {
+  std::string s;
+  for (auto& t : a.terms) {
+    const IndexAtom& atom = atoms_[t.atom];
+    std::string name = atom.kind == IndexAtom::Kind::Var
+                           ? atom.name
+                           : fmt::format("(({}){}{})", render(inners_[atom.inner]),
+                                         atom.kind == IndexAtom::Kind::Div ? "/" : "%", atom.divisor);
+    std::string term = t.coeff == 1 ? name : fmt::format("{}*{}", t.coeff, name);
+    if (s.empty()) s = term;
+    else if (t.coeff < 0) s += fmt::format(" - {}", t.coeff == -1 ? name : fmt::format("{}*{}", -t.coeff, name));
+    else s += " + " + term;
+  }
+  if (s.empty()) return std::to_string(a.constant);
+  if (a.constant > 0) s += fmt::format(" + {}", a.constant);
+  if (a.constant < 0) s += fmt::format(" - {}", -a.constant);
+  return s;
+}
+
+}  // namespace kiln::jit

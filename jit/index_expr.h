@@ -1,0 +1,56 @@
+// Symbolic integer index expressions: affine sums of loop variables and of div/mod atoms, with
+// value ranges, so that views (permute, expand, slice, pad, reshape) fold into one address
+// computation and reshapes of contiguous data simplify back to affine form.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kiln::jit {
+
+struct IndexExpr;
+
+// An atom is a loop variable or the quotient/remainder of an expression by a constant.
+struct IndexAtom {
+  enum class Kind { Var, Div, Mod } kind;
+  std::string name;           // Var: the C name of the loop variable
+  int inner = -1;             // Div/Mod: index of the inner expression in IndexContext::exprs
+  int64_t divisor = 1;
+  int64_t min = 0, max = 0;   // inclusive range
+};
+
+struct IndexTerm {
+  int64_t coeff;
+  int atom;
+};
+
+struct IndexExpr {
+  std::vector<IndexTerm> terms;  // sorted by atom, no zero coefficients
+  int64_t constant = 0;
+};
+
+// Owns the atoms of one kernel; expressions refer to atoms by position.
+class IndexContext {
+ public:
+  IndexExpr var(const std::string& name, int64_t extent);  // 0 <= v < extent
+  IndexExpr constant(int64_t c) const { return IndexExpr{{}, c}; }
+  IndexExpr add(const IndexExpr& a, const IndexExpr& b) const;
+  IndexExpr scale(const IndexExpr& a, int64_t c) const;
+  IndexExpr div(const IndexExpr& a, int64_t d);
+  IndexExpr mod(const IndexExpr& a, int64_t d);
+  int64_t min(const IndexExpr& a) const;
+  int64_t max(const IndexExpr& a) const;
+  // True when the expression uses only loop variables (no div/mod atoms).
+  bool is_affine(const IndexExpr& a) const;
+  // Coefficient of the loop variable `name` (0 when absent or hidden inside a div/mod).
+  int64_t coefficient(const IndexExpr& a, const std::string& name) const;
+  std::string render(const IndexExpr& a) const;
+  const std::vector<IndexAtom>& atoms() const { return atoms_; }
+
+ private:
+  int intern(IndexAtom atom);
+  std::vector<IndexAtom> atoms_;
+  std::vector<IndexExpr> inners_;
+};
+
+}  // namespace kiln::jit

@@ -1,0 +1,87 @@
+// The backend-neutral description of one kernel: a loop nest over an output, SSA values of one
+// element, and where the result goes. Renderers (C++ now, CUDA later) turn it into source text.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/op.h"
+#include "jit/index_expr.h"
+
+namespace kiln::jit {
+
+enum class KernelKind : uint8_t {
+  Elementwise,  // out[i] = value(i) over every output element
+  Reduce,       // out[o] = fold over the reduce loops of value(o, r)
+  Scatter,      // out = 0; out[.. index(i) ..] += value(i)
+  Matmul,       // library call; no generated code
+};
+
+// lo <= expr < hi: whether a padded view reads real data at this index.
+struct Guard {
+  IndexExpr expr;
+  int64_t lo = 0, hi = 0;
+};
+
+// One SSA value of the per-element computation.
+struct Expr {
+  enum class Kind : uint8_t {
+    Load,        // buffers[buffer][index]
+    Scalar,      // a bound floating scalar: scalars[slot]
+    Iota,        // the integer `index`
+    Rand,        // Philox value at element `index`; seed/offset in int_scalars[slot], [slot + 1]
+    Compute,     // primitive `op` applied to args (unary, binary, where, cast)
+    Select,      // guards hold ? args[0] : 0
+    GatherLoad,  // buffers[buffer][index + stride * checked(args[0] < extent)]
+  };
+  explicit Expr(Kind k) : kind(k) {}
+  Kind kind;
+  Op op = Op::Input;
+  DType dtype = DType::Float32;
+  std::vector<int> args;
+  int buffer = -1;
+  int slot = -1;
+  IndexExpr index;
+  std::vector<Guard> guards;
+  int64_t stride = 0, extent = 0;
+};
+
+struct Loop {
+  enum class Role : uint8_t { Parallel, Inner, Reduce };
+  std::string var;
+  int64_t extent;
+  Role role;
+};
+
+// A buffer as the kernel sees it: which plan slot and which element type.
+struct KernelBuffer {
+  int slot;
+  DType dtype;
+  bool written = false;
+};
+
+struct MatmulCall {
+  int a_buffer = -1, b_buffer = -1;        // kernel buffers
+  int64_t a_strides[3], b_strides[3];      // element strides {batch, row, col}
+  int64_t a_offset = 0, b_offset = 0;      // element offsets into the buffers
+  int64_t batch = 0, M = 0, K = 0, N = 0;
+};
+
+struct Kernel {
+  KernelKind kind = KernelKind::Elementwise;
+  std::string name;
+  IndexContext ctx;
+  std::vector<KernelBuffer> buffers;  // buffers[0] is the output
+  std::vector<Expr> exprs;            // in dependency order
+  std::vector<Loop> loops;            // outermost first
+  int value = -1;                     // expr stored / folded / scattered
+  IndexExpr store_index;              // where value goes (Scatter: without the scattered axis)
+  Op reduce_op = Op::ReduceSum;       // Reduce
+  int scatter_index = -1;             // Scatter: expr giving the position along the axis
+  int64_t scatter_stride = 0, scatter_extent = 0;
+  int64_t out_numel = 0;
+  MatmulCall matmul;
+  std::string summary;                // one line for KILN_LOG, e.g. "Exp Mul Add [1024, 1024]"
+};
+
+}  // namespace kiln::jit

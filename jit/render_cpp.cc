@@ -1,0 +1,266 @@
+#include "jit/render_cpp.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "jit/cpu_prelude.h"
+
+namespace kiln::jit {
+
+namespace {
+
+// Work below this many elements is not worth waking the OpenMP team for.
+constexpr int64_t kParallelThreshold = 32768;
+
+const char* storage_type(DType t) {
+  switch (t) {
+    case DType::Bool: return "bool";
+    case DType::UInt8: return "uint8_t";
+    case DType::Int8: return "int8_t";
+    case DType::Int32: return "int32_t";
+    case DType::Int64: return "int64_t";
+    case DType::Float16: return "kiln_half";
+    case DType::BFloat16: return "kiln_bf16";
+    case DType::Float32: return "float";
+    case DType::Float64: return "double";
+  }
+  return "?";
+}
+
+// The type values of a dtype are computed in: half types compute in float.
+const char* compute_type(DType t) {
+  if (t == DType::Float16 || t == DType::BFloat16) return "float";
+  return storage_type(t);
+}
+
+std::string load_value(DType t, const std::string& ref) {
+  if (t == DType::Float16) return fmt::format("kiln_h2f({})", ref);
+  if (t == DType::BFloat16) return fmt::format("kiln_bf2f({})", ref);
+  return ref;
+}
+
+std::string store_value(DType t, const std::string& v) {
+  if (t == DType::Float16) return fmt::format("kiln_f2h({})", v);
+  if (t == DType::BFloat16) return fmt::format("kiln_f2bf({})", v);
+  return fmt::format("({})({})", storage_type(t), v);
+}
+
+// Per-op expression patterns; {0} {1} {2} are operands, {f} picks the float/double function.
+struct Pattern {
+  const char* f32;
+  const char* f64;  // nullptr: same as f32
+};
+constexpr Pattern kPatterns[] = {
+    // leaves: rendered by kind, not by pattern
+    {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
+    // unary
+    {"(-{0})", nullptr},                                 // Neg
+    {"kiln_expf({0})", "__builtin_exp({0})"},            // Exp
+    {"kiln_logf({0})", "__builtin_log({0})"},            // Log
+    {"__builtin_sqrtf({0})", "__builtin_sqrt({0})"},     // Sqrt
+    {"(1.0f / __builtin_sqrtf({0}))", "(1.0 / __builtin_sqrt({0}))"},  // Rsqrt
+    {"__builtin_sinf({0})", "__builtin_sin({0})"},       // Sin
+    {"__builtin_cosf({0})", "__builtin_cos({0})"},       // Cos
+    {"kiln_tanhf({0})", "__builtin_tanh({0})"},          // Tanh
+    {"kiln_erff({0})", "__builtin_erf({0})"},            // Erf
+    {"({0} < 0 ? -{0} : {0})", nullptr},                 // Abs
+    {"(1.0f / {0})", "(1.0 / {0})"},                     // Reciprocal
+    {"(({0} > 0) - ({0} < 0))", nullptr},                // Sign
+    {"__builtin_floorf({0})", "__builtin_floor({0})"},   // Floor
+    {"(!{0})", nullptr},                                 // Not
+    {nullptr, nullptr},                                  // Cast: by kind
+    // binary
+    {"({0} + {1})", nullptr}, {"({0} - {1})", nullptr}, {"({0} * {1})", nullptr}, {"({0} / {1})", nullptr},
+    {"__builtin_powf({0}, {1})", "__builtin_pow({0}, {1})"},  // Pow
+    {"KILN_MAX({0}, {1})", nullptr}, {"KILN_MIN({0}, {1})", nullptr},
+    {"({0} < {1})", nullptr}, {"({0} <= {1})", nullptr}, {"({0} > {1})", nullptr}, {"({0} >= {1})", nullptr},
+    {"({0} == {1})", nullptr}, {"({0} != {1})", nullptr}, {"({0} && {1})", nullptr}, {"({0} || {1})", nullptr},
+    // ternary
+    {"({0} ? {1} : {2})", nullptr},  // Where
+    // movement, reduce, index, library: never rendered as expressions
+    {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
+    {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
+};
+static_assert(std::size(kPatterns) == kNumOps, "every primitive in core/op.h needs a renderer entry here");
+
+class CppKernelRenderer {
+ public:
+  explicit CppKernelRenderer(const Kernel& k) : k_(k) {}
+  std::string render();
+
+ private:
+  std::string buf(int b) const { return fmt::format("b{}", k_.buffers[b].slot); }
+  std::string idx(const IndexExpr& e) const { return k_.ctx.render(e); }
+  std::string expr_text(int id, const Expr& e) const;
+  void emit_values(std::string& out, const std::string& indent) const;
+  std::string v(int id) const { return fmt::format("v{}", id); }
+
+  const Kernel& k_;
+};
+
+std::string CppKernelRenderer::expr_text(int id, const Expr& e) const {
+  const char* ct = compute_type(e.dtype);
+  bool f64 = e.dtype == DType::Float64;
+  switch (e.kind) {
+    case Expr::Kind::Load: {
+      DType t = k_.buffers[e.buffer].dtype;
+      return load_value(t, fmt::format("{}[{}]", buf(e.buffer), idx(e.index)));
+    }
+    case Expr::Kind::Scalar: return fmt::format("s{}", e.slot);
+    case Expr::Kind::Iota: return fmt::format("({})({})", ct, idx(e.index));
+    case Expr::Kind::Rand: {
+      const char* fn = e.op == Op::RandUniform ? (f64 ? "kiln_uniform_d" : "kiln_uniform_f")
+                                               : (f64 ? "kiln_normal_d" : "kiln_normal_f");
+      std::string r = fmt::format("{}((uint64_t)isc[{}], (uint64_t)isc[{}], {})", fn, e.slot, e.slot + 1, idx(e.index));
+      if (e.dtype == DType::Float16) return fmt::format("kiln_round_h({})", r);
+      if (e.dtype == DType::BFloat16) return fmt::format("kiln_round_bf({})", r);
+      return r;
+    }
+    case Expr::Kind::Select: {
+      std::string cond;
+      for (const Guard& g : e.guards) {
+        std::string x = idx(g.expr);
+        cond += fmt::format("{}({}) >= {} && ({}) < {}", cond.empty() ? "" : " && ", x, g.lo, x, g.hi);
+      }
+      return fmt::format("(({}) ? {} : ({})0)", cond, v(e.args[0]), ct);
+    }
+    case Expr::Kind::GatherLoad: {
+      DType t = k_.buffers[e.buffer].dtype;
+      return load_value(t, fmt::format("{}[{} + {}LL * kiln_check_index((int64_t){}, {}LL, err)]", buf(e.buffer),
+                                       idx(e.index), e.stride, v(e.args[0]), e.extent));
+    }
+    case Expr::Kind::Compute: {
+      if (e.op == Op::Cast) {
+        std::string a = v(e.args[0]);
+        if (e.dtype == DType::Bool) return fmt::format("({} != 0)", a);
+        if (e.dtype == DType::Float16) return fmt::format("kiln_round_h((float)({}))", a);
+        if (e.dtype == DType::BFloat16) return fmt::format("kiln_round_bf((float)({}))", a);
+        return fmt::format("({})({})", ct, a);
+      }
+      // Comparisons are typed by their operands, not their bool result.
+      DType operand = k_.exprs[e.args[0]].dtype;
+      if (e.op == Op::Where) operand = k_.exprs[e.args[1]].dtype;
+      const Pattern& p = kPatterns[static_cast<int>(e.op)];
+      KILN_CHECK(p.f32 != nullptr, "jit", "op {} has no C++ rendering", op_name(e.op));
+      const char* pat = operand == DType::Float64 && p.f64 ? p.f64 : p.f32;
+      std::string a0 = v(e.args[0]);
+      std::string a1 = e.args.size() > 1 ? v(e.args[1]) : "";
+      std::string a2 = e.args.size() > 2 ? v(e.args[2]) : "";
+      return fmt::format("({})({})", ct, fmt::format(fmt::runtime(pat), a0, a1, a2));
+    }
+  }
+  (void)id;
+  return "";
+}
+
+void CppKernelRenderer::emit_values(std::string& out, const std::string& indent) const {
+  for (size_t i = 0; i < k_.exprs.size(); ++i) {
+    const Expr& e = k_.exprs[i];
+    out += fmt::format("{}const {} {} = {};\n", indent, compute_type(e.dtype), v(static_cast<int>(i)),
+                       expr_text(static_cast<int>(i), e));
+  }
+}
+
+std::string CppKernelRenderer::render() {
+  std::string out;
+  out += fmt::format("// {}\nextern \"C\" void {}(void* const* bufs, const double* sc, const int64_t* isc, int64_t* err) {{\n",
+                     k_.summary, k_.name);
+  for (size_t b = 0; b < k_.buffers.size(); ++b)
+    out += fmt::format("  {}* {} = ({}*)bufs[{}];\n", storage_type(k_.buffers[b].dtype), buf(static_cast<int>(b)),
+                       storage_type(k_.buffers[b].dtype), k_.buffers[b].slot);
+  for (const Expr& e : k_.exprs)
+    if (e.kind == Expr::Kind::Scalar)
+      out += fmt::format("  const {} s{} = ({})sc[{}];\n", compute_type(e.dtype), e.slot, compute_type(e.dtype), e.slot);
+  out += "  (void)sc; (void)isc; (void)err;\n";
+
+  DType out_t = k_.buffers[0].dtype;
+  std::string result = v(k_.value);
+  int64_t work = k_.out_numel;
+  for (const Loop& l : k_.loops)
+    if (l.role == Loop::Role::Reduce) work *= l.extent;
+  std::string par_if = fmt::format("if({} > {})", work, kParallelThreshold);
+
+  if (k_.kind == KernelKind::Elementwise) {
+    const Loop& l0 = k_.loops[0];
+    if (k_.loops.size() == 1) {
+      out += fmt::format("  #pragma omp parallel for simd {}\n", par_if);
+      out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", l0.var, l0.extent);
+      emit_values(out, "    ");
+    } else {
+      const Loop& l1 = k_.loops[1];
+      out += fmt::format("  #pragma omp parallel for {}\n", par_if);
+      out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", l0.var, l0.extent);
+      out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", l1.var, l1.extent);
+      emit_values(out, "    ");
+    }
+    out += fmt::format("    {}[{}] = {};\n", buf(0), idx(k_.store_index), store_value(out_t, result));
+    out += k_.loops.size() == 1 ? "  }\n" : "  }}\n";
+  } else if (k_.kind == KernelKind::Reduce) {
+    bool is_sum = k_.reduce_op == Op::ReduceSum;
+    DType acc_dtype = out_t;
+    const char* acc_t = compute_type(acc_dtype);
+    std::string init = is_sum ? "0" : (is_floating(acc_dtype) ? "-__builtin_inff()" : fmt::format("({})(-9223372036854775807LL - 1)", acc_t));
+    if (!is_floating(acc_dtype) && !is_sum) {
+      init = acc_dtype == DType::Bool ? "false" : fmt::format("__INT{}_MIN__", dtype_size(acc_dtype) * 8);
+      if (acc_dtype == DType::UInt8) init = "0";
+    }
+    std::string combine = is_sum ? fmt::format("acc += {};", result) : fmt::format("acc = KILN_MAX({}, acc);", result);
+    std::string clause = is_sum ? "reduction(+:acc)" : "reduction(max:acc)";
+    bool has_outer = !k_.loops.empty() && k_.loops[0].role == Loop::Role::Parallel;
+    std::string indent = "  ";
+    if (has_outer) {
+      out += fmt::format("  #pragma omp parallel for {}\n", par_if);
+      out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", k_.loops[0].var, k_.loops[0].extent);
+      indent = "    ";
+    }
+    out += fmt::format("{}{} acc = {};\n", indent, acc_t, init);
+    size_t first_reduce = has_outer ? 1 : 0;
+    std::string inner_indent = indent;
+    for (size_t l = first_reduce; l < k_.loops.size(); ++l) {
+      const Loop& loop = k_.loops[l];
+      bool innermost = l + 1 == k_.loops.size();
+      if (!has_outer && l == first_reduce && k_.loops.size() == 1)
+        out += fmt::format("{}#pragma omp parallel for simd {} {}\n", inner_indent, clause, par_if);
+      else if (innermost && is_sum && is_floating(acc_dtype))
+        out += fmt::format("{}#pragma omp simd {}\n", inner_indent, clause);
+      out += fmt::format("{0}for (int64_t {1} = 0; {1} < {2}LL; ++{1}) {{\n", inner_indent, loop.var, loop.extent);
+      inner_indent += "  ";
+    }
+    emit_values(out, inner_indent);
+    out += inner_indent + combine + "\n";
+    for (size_t l = first_reduce; l < k_.loops.size(); ++l) {
+      inner_indent.resize(inner_indent.size() - 2);
+      out += inner_indent + "}\n";
+    }
+    out += fmt::format("{}{}[{}] = {};\n", indent, buf(0), idx(k_.store_index), store_value(out_t, "acc"));
+    if (has_outer) out += "  }\n";
+  } else if (k_.kind == KernelKind::Scatter) {
+    out += fmt::format("  #pragma omp parallel for simd if({} > {})\n", k_.out_numel, kParallelThreshold);
+    out += fmt::format("  for (int64_t z = 0; z < {}LL; ++z) {}[z] = {};\n", k_.out_numel, buf(0),
+                       store_value(out_t, "0"));
+    const Loop& l0 = k_.loops[0];
+    const Loop& l1 = k_.loops[1];
+    out += fmt::format("  #pragma omp parallel for {}\n", par_if);
+    out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", l0.var, l0.extent);
+    out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", l1.var, l1.extent);
+    emit_values(out, "    ");
+    out += fmt::format("    const int64_t at = {} + {}LL * kiln_check_index((int64_t){}, {}LL, err);\n", idx(k_.store_index),
+                       k_.scatter_stride, v(k_.scatter_index), k_.scatter_extent);
+    out += fmt::format("    {0}[at] = {1};\n", buf(0),
+                       store_value(out_t, fmt::format("{} + {}", load_value(out_t, buf(0) + "[at]"), result)));
+    out += "  }}\n";
+  }
+  out += "}\n";
+  return out;
+}
+
+}  // namespace
+
+std::string render_cpp(const std::vector<Kernel>& kernels) {
+  std::string src = kCpuPrelude;
+  for (const Kernel& k : kernels)
+    if (k.kind != KernelKind::Matmul) src += "\n" + CppKernelRenderer(k).render();
+  return src;
+}
+
+}  // namespace kiln::jit

@@ -1,0 +1,13 @@
+// Allocation of tensor storage. Host memory is 64-byte aligned (cache line, AVX-512 loads).
+// The pooled allocator and the CUDA allocator plug in behind allocate_storage().
+#pragma once
+#include <memory>
+
+#include "core/node.h"
+
+namespace kiln::memory {
+
+// A new Storage of `bytes` on `device`, freed when the last reference goes.
+std::shared_ptr<Storage> allocate_storage(size_t bytes, Device device);
+
+}  // namespace kiln::memory

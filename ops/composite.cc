@@ -1,0 +1,82 @@
+// Composite ops: built only from primitives, so the JIT fuses them and autograd derives them.
+#include <cmath>
+
+#include "ops/ops.h"
+
+namespace kiln {
+
+Tensor relu(const Tensor& x) { return maximum(x, scalar_like(0.0, x)); }
+
+Tensor gelu(const Tensor& x, bool tanh_approximation) {
+  if (tanh_approximation) {
+    const double k = std::sqrt(2.0 / M_PI);
+    return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
+  }
+  return 0.5 * x * (1.0 + erf(x * M_SQRT1_2));
+}
+
+Tensor sigmoid(const Tensor& x) { return reciprocal(1.0 + exp(-x)); }
+Tensor silu(const Tensor& x) { return x * sigmoid(x); }
+
+Tensor softmax(const Tensor& x, int64_t axis) {
+  Tensor e = exp(x - max(x, {axis}, true));
+  return e / sum(e, {axis}, true);
+}
+
+Tensor log_softmax(const Tensor& x, int64_t axis) {
+  Tensor shifted = x - max(x, {axis}, true);
+  return shifted - log(sum(exp(shifted), {axis}, true));
+}
+
+Tensor logsumexp(const Tensor& x, std::vector<int64_t> axes, bool keepdim) {
+  // The max is a constant shift: no gradient needs to flow through it.
+  Tensor m = max(x, axes, true).detach();
+  Tensor r = log(sum(exp(x - m), axes, true)) + m;
+  if (keepdim) return r;
+  return sum(r, axes, false);  // summing size-1 axes drops them
+}
+
+Tensor layer_norm(const Tensor& x, Shape normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
+  size_t k = normalized_shape.size();
+  KILN_CHECK(k >= 1 && k <= x.dim() && Shape(x.shape().end() - k, x.shape().end()) == normalized_shape, "layer_norm",
+             "normalized shape {} must match the trailing dims of input {}", shape_str(normalized_shape),
+             shape_str(x.shape()));
+  std::vector<int64_t> axes;
+  for (size_t i = x.dim() - k; i < x.dim(); ++i) axes.push_back(static_cast<int64_t>(i));
+  Tensor mu = mean(x, axes, true);
+  Tensor centered = x - mu;
+  Tensor variance = mean(centered * centered, axes, true);
+  Tensor y = centered * rsqrt(variance + eps);
+  if (weight.defined()) y = y * weight;
+  if (bias.defined()) y = y + bias;
+  return y;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_smoothing) {
+  KILN_CHECK(logits.dim() == 2 && labels.dim() == 1 && labels.shape()[0] == logits.shape()[0], "cross_entropy",
+             "needs logits (N, C) and labels (N); got {} and {}", shape_str(logits.shape()), shape_str(labels.shape()));
+  KILN_CHECK(is_integral(labels.dtype()) && labels.dtype() != DType::Bool, "cross_entropy",
+             "labels must be integer class indices, got {}", dtype_name(labels.dtype()));
+  KILN_CHECK(label_smoothing >= 0 && label_smoothing < 1, "cross_entropy", "label_smoothing {} not in [0, 1)",
+             label_smoothing);
+  Tensor logp = log_softmax(logits, 1);
+  Tensor picked = gather(logp, 1, unsqueeze(cast(labels, DType::Int64), 1));  // (N, 1)
+  Tensor nll = -mean(picked);
+  if (label_smoothing == 0) return nll;
+  Tensor uniform = -mean(logp);  // (1/N) sum_n (1/C) sum_c -log p[n, c]
+  return (1.0 - label_smoothing) * nll + label_smoothing * uniform;
+}
+
+Tensor mse_loss(const Tensor& prediction, const Tensor& target) {
+  Tensor d = prediction - target;
+  return mean(d * d);
+}
+
+Tensor dropout(const Tensor& x, double p, bool training) {
+  KILN_CHECK(p >= 0 && p < 1, "dropout", "probability {} not in [0, 1)", p);
+  if (!training || p == 0) return x;
+  Tensor keep = ge(rand(x.shape(), is_floating(x.dtype()) ? x.dtype() : DType::Float32), scalar(p, x.dtype()));
+  return where(keep, x * (1.0 / (1.0 - p)), zeros_like(x));
+}
+
+}  // namespace kiln

@@ -1,0 +1,108 @@
+// Tensors made from values: constants, index ramps, random numbers and host data.
+#include <atomic>
+#include <cstring>
+
+#include "core/autograd.h"
+#include "core/flags.h"
+#include "memory/allocator.h"
+#include "ops/ops.h"
+#include "ops/primitive.h"
+
+namespace kiln {
+
+namespace {
+std::atomic<uint64_t> g_seed{0};
+std::atomic<uint64_t> g_offset{0};
+std::atomic<bool> g_seeded{false};
+
+uint64_t current_seed() {
+  if (!g_seeded.exchange(true)) g_seed = static_cast<uint64_t>(flags().seed);
+  return g_seed;
+}
+
+void check_shape(const Shape& shape, const char* op) {
+  for (int64_t d : shape)
+    KILN_CHECK(d >= 0, op, "negative dimension in shape {}", shape_str(shape));
+}
+}  // namespace
+
+namespace prim {
+Tensor rand(Op op, Shape shape, DType dtype) {
+  KILN_CHECK(is_floating(dtype), op_name(op), "random values need a floating dtype, got {}", dtype_name(dtype));
+  check_shape(shape, "rand");
+  uint64_t seed = current_seed();
+  // Each call consumes a fresh range of Philox counters so values never repeat within a seed.
+  uint64_t offset = g_offset.fetch_add(static_cast<uint64_t>(numel(shape) + 3) / 4 * 4);
+  Tensor t = make(op, dtype, std::move(shape), {});
+  t.node()->seed = seed;
+  t.node()->offset = offset;
+  return t;
+}
+}  // namespace prim
+
+void manual_seed(uint64_t seed) {
+  g_seeded = true;
+  g_seed = seed;
+  g_offset = 0;
+}
+
+Tensor full(Shape shape, double value, DType dtype) {
+  check_shape(shape, "full");
+  return prim::full(std::move(shape), value, dtype);
+}
+Tensor zeros(Shape shape, DType dtype) { return full(std::move(shape), 0.0, dtype); }
+Tensor ones(Shape shape, DType dtype) { return full(std::move(shape), 1.0, dtype); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype()); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype()); }
+Tensor scalar(double value, DType dtype) { return full({}, value, dtype); }
+
+Tensor iota(Shape shape, int64_t axis, DType dtype) {
+  check_shape(shape, "iota");
+  return prim::iota(std::move(shape), axis, dtype);
+}
+Tensor arange(int64_t n, DType dtype) { return iota({n}, 0, dtype); }
+Tensor rand(Shape shape, DType dtype) { return prim::rand(Op::RandUniform, std::move(shape), dtype); }
+Tensor randn(Shape shape, DType dtype) { return prim::rand(Op::RandNormal, std::move(shape), dtype); }
+
+namespace {
+Tensor realized_from_bytes(const void* bytes, DType dtype, Shape shape) {
+  auto node = std::make_shared<Node>();
+  node->op = Op::Input;
+  node->dtype = dtype;
+  node->shape = std::move(shape);
+  node->device = Device::cpu();
+  node->storage = memory::allocate_storage(node->nbytes(), node->device);
+  if (node->nbytes() > 0) std::memcpy(node->storage->data, bytes, node->nbytes());
+  return Tensor(std::move(node));
+}
+}  // namespace
+
+template <typename T> Tensor from_vector(const std::vector<T>& values, Shape shape) {
+  check_shape(shape, "from_vector");
+  KILN_CHECK(static_cast<int64_t>(values.size()) == numel(shape), "from_vector",
+             "{} values do not fill shape {} ({} elements)", values.size(), shape_str(shape), numel(shape));
+  if constexpr (std::is_same_v<T, bool>) {
+    std::vector<uint8_t> bytes(values.begin(), values.end());
+    return realized_from_bytes(bytes.data(), DType::Bool, std::move(shape));
+  } else {
+    return realized_from_bytes(values.data(), dtype_of<T>(), std::move(shape));
+  }
+}
+template Tensor from_vector<float>(const std::vector<float>&, Shape);
+template Tensor from_vector<double>(const std::vector<double>&, Shape);
+template Tensor from_vector<int32_t>(const std::vector<int32_t>&, Shape);
+template Tensor from_vector<int64_t>(const std::vector<int64_t>&, Shape);
+template Tensor from_vector<uint8_t>(const std::vector<uint8_t>&, Shape);
+template Tensor from_vector<int8_t>(const std::vector<int8_t>&, Shape);
+template Tensor from_vector<bool>(const std::vector<bool>&, Shape);
+
+Tensor from_doubles(const std::vector<double>& values, Shape shape, DType dtype) {
+  check_shape(shape, "from_doubles");
+  KILN_CHECK(static_cast<int64_t>(values.size()) == numel(shape), "from_doubles",
+             "{} values do not fill shape {} ({} elements)", values.size(), shape_str(shape), numel(shape));
+  std::vector<unsigned char> bytes(values.size() * dtype_size(dtype));
+  for (size_t i = 0; i < values.size(); ++i) store_from_double(bytes.data(), dtype, i, values[i]);
+  return realized_from_bytes(bytes.data(), dtype, std::move(shape));
+}
+
+}  // namespace kiln

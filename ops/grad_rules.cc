@@ -1,0 +1,186 @@
+// Gradient rule of every primitive, as lazy graph ops. The table is checked at compile time to
+// cover the whole op list in core/op.h.
+#include <cmath>
+#include <numeric>
+
+#include "core/autograd.h"
+#include "ops/ops.h"
+#include "ops/primitive.h"
+
+namespace kiln {
+
+namespace {
+using Grads = std::vector<Tensor>;
+
+Tensor in(const NodePtr& n, size_t i) { return Tensor(n->inputs[i]); }
+Tensor out(const NodePtr& n) { return Tensor(n); }
+Tensor like(double v, const Tensor& t) { return scalar(v, t.dtype()); }
+
+Grads none(const NodePtr&, const Tensor&) { return {}; }
+Grads no_grad_inputs(const NodePtr& n, const Tensor&) { return Grads(n->inputs.size()); }
+
+Grads neg_grad(const NodePtr&, const Tensor& g) { return {-g}; }
+Grads exp_grad(const NodePtr& n, const Tensor& g) { return {g * out(n)}; }
+Grads log_grad(const NodePtr& n, const Tensor& g) { return {g / in(n, 0)}; }
+Grads sqrt_grad(const NodePtr& n, const Tensor& g) { return {g * 0.5 / out(n)}; }
+Grads rsqrt_grad(const NodePtr& n, const Tensor& g) {
+  Tensor y = out(n);
+  return {g * -0.5 * y * y * y};
+}
+Grads sin_grad(const NodePtr& n, const Tensor& g) { return {g * cos(in(n, 0))}; }
+Grads cos_grad(const NodePtr& n, const Tensor& g) { return {-g * sin(in(n, 0))}; }
+Grads tanh_grad(const NodePtr& n, const Tensor& g) {
+  Tensor y = out(n);
+  return {g * (1.0 - y * y)};
+}
+Grads erf_grad(const NodePtr& n, const Tensor& g) {
+  Tensor x = in(n, 0);
+  return {g * (2.0 / std::sqrt(M_PI)) * exp(-(x * x))};
+}
+Grads abs_grad(const NodePtr& n, const Tensor& g) { return {g * sign(in(n, 0))}; }
+Grads reciprocal_grad(const NodePtr& n, const Tensor& g) {
+  Tensor y = out(n);
+  return {-g * y * y};
+}
+Grads cast_grad(const NodePtr& n, const Tensor& g) {
+  Tensor x = in(n, 0);
+  if (!is_floating(x.dtype())) return {Tensor()};
+  return {cast(g, x.dtype())};
+}
+
+Grads add_grad(const NodePtr&, const Tensor& g) { return {g, g}; }
+Grads sub_grad(const NodePtr&, const Tensor& g) { return {g, -g}; }
+Grads mul_grad(const NodePtr& n, const Tensor& g) { return {g * in(n, 1), g * in(n, 0)}; }
+Grads div_grad(const NodePtr& n, const Tensor& g) {
+  Tensor b = in(n, 1);
+  return {g / b, -g * out(n) / b};
+}
+Grads pow_grad(const NodePtr& n, const Tensor& g) {
+  Tensor a = in(n, 0), b = in(n, 1), y = out(n);
+  Tensor da = g * b * pow(a, b - 1.0);
+  // d/db a^b = a^b log a; defined as 0 where a == 0 (the limit used by PyTorch).
+  Tensor safe_log = log(where(a > like(0.0, a), a, ones_like(a)));
+  Tensor db = g * y * safe_log;
+  return {da, db};
+}
+// Ties split the gradient evenly between both operands, as in PyTorch.
+Grads max_min_grad(const NodePtr& n, const Tensor& g, bool is_max) {
+  Tensor a = in(n, 0), b = in(n, 1);
+  Tensor wins = cast(is_max ? gt(a, b) : lt(a, b), g.dtype());
+  Tensor ties = cast(eq(a, b), g.dtype());
+  Tensor share = wins + ties * 0.5;
+  return {g * share, g * (1.0 - share)};
+}
+Grads max_grad(const NodePtr& n, const Tensor& g) { return max_min_grad(n, g, true); }
+Grads min_grad(const NodePtr& n, const Tensor& g) { return max_min_grad(n, g, false); }
+
+Grads where_grad(const NodePtr& n, const Tensor& g) {
+  Tensor c = in(n, 0), z = zeros_like(g);
+  return {Tensor(), where(c, g, z), where(c, z, g)};
+}
+
+Grads reshape_grad(const NodePtr& n, const Tensor& g) { return {prim::reshape(g, n->inputs[0]->shape)}; }
+Grads permute_grad(const NodePtr& n, const Tensor& g) {
+  std::vector<int64_t> inverse(n->ints.size());
+  for (size_t i = 0; i < n->ints.size(); ++i) inverse[n->ints[i]] = static_cast<int64_t>(i);
+  return {prim::permute(g, inverse)};
+}
+Grads expand_grad(const NodePtr& n, const Tensor& g) {
+  std::vector<int64_t> axes;
+  const Shape& src = n->inputs[0]->shape;
+  for (size_t i = 0; i < src.size(); ++i)
+    if (src[i] != n->shape[i]) axes.push_back(static_cast<int64_t>(i));
+  return {prim::reduce(Op::ReduceSum, g, axes)};
+}
+Grads slice_grad(const NodePtr& n, const Tensor& g) {
+  const Shape& src = n->inputs[0]->shape;
+  size_t rank = src.size();
+  Tensor r = g;
+  for (size_t ax = 0; ax < rank; ++ax) {
+    int64_t start = n->ints[ax], step = n->ints[rank + ax], count = n->shape[ax];
+    if (step > 1 && count > 0) {
+      // Spread the picked elements `step` apart: append step-1 zeros after each, then merge.
+      Shape s = r.shape();
+      Shape spread = s;
+      spread.insert(spread.begin() + ax + 1, 1);
+      std::vector<int64_t> before(rank + 1, 0), after(rank + 1, 0);
+      after[ax + 1] = step - 1;
+      r = prim::pad(prim::reshape(r, spread), before, after);
+      s[ax] = count * step;
+      r = prim::reshape(r, s);
+      count *= step;
+    }
+    int64_t tail = src[ax] - start - count;
+    if (tail < 0) {  // the spread overshoots the end: drop the trailing zeros
+      std::vector<int64_t> starts(rank, 0), steps(rank, 1);
+      Shape s = r.shape();
+      s[ax] += tail;
+      r = prim::slice(r, starts, steps, s);
+      tail = 0;
+    }
+    if (start > 0 || tail > 0) {
+      std::vector<int64_t> before(rank, 0), after(rank, 0);
+      before[ax] = start;
+      after[ax] = tail;
+      r = prim::pad(r, before, after);
+    }
+  }
+  return {r};
+}
+Grads pad_grad(const NodePtr& n, const Tensor& g) {
+  const Shape& src = n->inputs[0]->shape;
+  std::vector<int64_t> starts(src.size()), steps(src.size(), 1);
+  for (size_t i = 0; i < src.size(); ++i) starts[i] = n->ints[i];
+  return {prim::slice(g, starts, steps, src)};
+}
+
+Grads sum_grad(const NodePtr& n, const Tensor& g) { return {prim::expand(g, n->inputs[0]->shape)}; }
+Grads reduce_max_grad(const NodePtr& n, const Tensor& g) {
+  Tensor x = in(n, 0);
+  const Shape& s = x.shape();
+  Tensor mask = cast(eq(x, prim::expand(out(n), s)), g.dtype());
+  Tensor count = prim::reduce(Op::ReduceSum, mask, n->ints);
+  return {mask * prim::expand(g / count, s)};
+}
+
+Grads gather_grad(const NodePtr& n, const Tensor& g) {
+  Tensor index = in(n, 1);
+  return {prim::scatter_add(n->inputs[0]->shape, n->ints[0], index, g), Tensor()};
+}
+Grads scatter_add_grad(const NodePtr& n, const Tensor& g) {
+  Tensor index = in(n, 0);
+  return {Tensor(), prim::gather(g, n->ints[0], index)};
+}
+
+Grads matmul_grad(const NodePtr& n, const Tensor& g) {
+  Tensor a = in(n, 0), b = in(n, 1);
+  // dA = dC @ B^T, dB = A^T @ dC; a stride-0 (broadcast) batch sums in the Expand rule.
+  return {prim::matmul(g, prim::permute(b, {0, 2, 1})), prim::matmul(prim::permute(a, {0, 2, 1}), g)};
+}
+
+constexpr GradRule kGradRules[] = {
+    // leaves
+    none, none, none, none, none,
+    // unary: Neg Exp Log Sqrt Rsqrt Sin Cos Tanh Erf Abs Reciprocal Sign Floor Not Cast
+    neg_grad, exp_grad, log_grad, sqrt_grad, rsqrt_grad, sin_grad, cos_grad, tanh_grad, erf_grad, abs_grad,
+    reciprocal_grad, no_grad_inputs, no_grad_inputs, no_grad_inputs, cast_grad,
+    // binary: Add Sub Mul Div Pow Max Min Lt Le Gt Ge Eq Ne And Or
+    add_grad, sub_grad, mul_grad, div_grad, pow_grad, max_grad, min_grad, no_grad_inputs, no_grad_inputs,
+    no_grad_inputs, no_grad_inputs, no_grad_inputs, no_grad_inputs, no_grad_inputs, no_grad_inputs,
+    // ternary
+    where_grad,
+    // movement: Reshape Permute Expand Slice Pad
+    reshape_grad, permute_grad, expand_grad, slice_grad, pad_grad,
+    // reduce
+    sum_grad, reduce_max_grad,
+    // index
+    gather_grad, scatter_add_grad,
+    // library
+    matmul_grad,
+};
+static_assert(std::size(kGradRules) == kNumOps, "every primitive in core/op.h needs a grad rule here");
+}  // namespace
+
+GradRule grad_rule(Op op) { return kGradRules[static_cast<int>(op)]; }
+
+}  // namespace kiln

@@ -1,0 +1,138 @@
+// Movement ops of the user API. All are views: the JIT folds them into index expressions.
+#include <algorithm>
+#include <numeric>
+
+#include "ops/ops.h"
+#include "ops/primitive.h"
+
+namespace kiln {
+
+Tensor reshape(const Tensor& a, Shape shape) {
+  int infer = -1;
+  int64_t known = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      KILN_CHECK(infer < 0, "reshape", "only one -1 allowed in {}", shape_str(shape));
+      infer = static_cast<int>(i);
+    } else {
+      KILN_CHECK(shape[i] >= 0, "reshape", "negative size in {}", shape_str(shape));
+      known *= shape[i];
+    }
+  }
+  if (infer >= 0) {
+    KILN_CHECK(known > 0 && a.numel() % known == 0, "reshape", "cannot reshape {} ({} elements) to {}",
+               shape_str(a.shape()), a.numel(), shape_str(shape));
+    shape[infer] = a.numel() / known;
+  }
+  return prim::reshape(a, shape);
+}
+
+Tensor permute(const Tensor& a, std::vector<int64_t> perm) {
+  for (auto& p : perm) p = normalize_axis(p, a.dim(), "permute");
+  return prim::permute(a, perm);
+}
+
+Tensor transpose(const Tensor& a, int64_t axis0, int64_t axis1) {
+  std::vector<int64_t> perm(a.dim());
+  std::iota(perm.begin(), perm.end(), 0);
+  std::swap(perm[normalize_axis(axis0, a.dim(), "transpose")], perm[normalize_axis(axis1, a.dim(), "transpose")]);
+  return prim::permute(a, perm);
+}
+
+Tensor expand(const Tensor& a, Shape shape) {
+  KILN_CHECK(shape.size() >= a.dim(), "expand", "cannot expand {} to fewer dims {}", shape_str(a.shape()),
+             shape_str(shape));
+  size_t lead = shape.size() - a.dim();
+  Shape padded(lead, 1);
+  padded.insert(padded.end(), a.shape().begin(), a.shape().end());
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (shape[i] == -1) shape[i] = padded[i];
+  return prim::expand(prim::reshape(a, padded), shape);
+}
+
+Tensor broadcast_to(const Tensor& a, Shape shape) {
+  if (a.shape() == shape) return a;
+  broadcast_shapes(a.shape(), shape, "broadcast_to");
+  return expand(a, std::move(shape));
+}
+
+Tensor slice(const Tensor& a, int64_t axis, int64_t start, int64_t stop, int64_t step) {
+  int ax = normalize_axis(axis, a.dim(), "slice");
+  int64_t n = a.shape()[ax];
+  KILN_CHECK(step > 0, "slice", "step must be positive, got {}", step);
+  if (start < 0) start += n;
+  if (stop < 0) stop += n;
+  start = std::clamp<int64_t>(start, 0, n);
+  stop = std::clamp<int64_t>(stop, start, n);
+  std::vector<int64_t> starts(a.dim(), 0), steps(a.dim(), 1);
+  starts[ax] = start;
+  steps[ax] = step;
+  Shape shape = a.shape();
+  shape[ax] = (stop - start + step - 1) / step;
+  if (shape == a.shape()) return a;
+  return prim::slice(a, starts, steps, shape);
+}
+
+Tensor pad(const Tensor& a, std::vector<std::pair<int64_t, int64_t>> pads) {
+  KILN_CHECK(pads.size() <= a.dim(), "pad", "{} padding pairs for a tensor of rank {}", pads.size(), a.dim());
+  std::vector<int64_t> before(a.dim(), 0), after(a.dim(), 0);
+  for (size_t i = 0; i < pads.size(); ++i) std::tie(before[i], after[i]) = pads[i];
+  return prim::pad(a, before, after);
+}
+
+Tensor concat(const std::vector<Tensor>& tensors, int64_t axis) {
+  KILN_CHECK(!tensors.empty(), "concat", "needs at least one tensor");
+  const Tensor& first = tensors[0];
+  int ax = normalize_axis(axis, first.dim(), "concat");
+  int64_t total = 0;
+  DType dtype = first.dtype();
+  for (const Tensor& t : tensors) {
+    KILN_CHECK(t.dim() == first.dim(), "concat", "rank mismatch: {} vs {}", shape_str(first.shape()), shape_str(t.shape()));
+    for (size_t d = 0; d < t.dim(); ++d)
+      KILN_CHECK(static_cast<int>(d) == ax || t.shape()[d] == first.shape()[d], "concat",
+                 "shapes {} and {} differ outside axis {}", shape_str(first.shape()), shape_str(t.shape()), ax);
+    total += t.shape()[ax];
+    dtype = promote(dtype, t.dtype());
+  }
+  // A sum of zero-padded pieces: it fuses into one kernel and its gradient is a slice per piece.
+  Tensor out;
+  int64_t offset = 0;
+  for (const Tensor& t : tensors) {
+    std::vector<int64_t> before(t.dim(), 0), after(t.dim(), 0);
+    before[ax] = offset;
+    after[ax] = total - offset - t.shape()[ax];
+    offset += t.shape()[ax];
+    Tensor piece = prim::pad(cast(t, dtype), before, after);
+    out = out.defined() ? prim::binary(Op::Add, out, piece) : piece;
+  }
+  return out;
+}
+
+Tensor unsqueeze(const Tensor& a, int64_t axis) {
+  int ax = normalize_axis(axis, a.dim() + 1, "unsqueeze");
+  Shape s = a.shape();
+  s.insert(s.begin() + ax, 1);
+  return prim::reshape(a, s);
+}
+
+Tensor squeeze(const Tensor& a, int64_t axis) {
+  int ax = normalize_axis(axis, a.dim(), "squeeze");
+  if (a.shape()[ax] != 1) return a;
+  Shape s = a.shape();
+  s.erase(s.begin() + ax);
+  return prim::reshape(a, s);
+}
+
+Tensor flatten(const Tensor& a, int64_t start, int64_t end) {
+  if (a.dim() == 0) return reshape(a, {1});
+  int s = normalize_axis(start, a.dim(), "flatten"), e = normalize_axis(end, a.dim(), "flatten");
+  KILN_CHECK(s <= e, "flatten", "start axis {} after end axis {}", start, end);
+  Shape out(a.shape().begin(), a.shape().begin() + s);
+  int64_t merged = 1;
+  for (int i = s; i <= e; ++i) merged *= a.shape()[i];
+  out.push_back(merged);
+  out.insert(out.end(), a.shape().begin() + e + 1, a.shape().end());
+  return prim::reshape(a, out);
+}
+
+}  // namespace kiln

@@ -1,0 +1,140 @@
+// The op API users call. Each function records a node (or a small composite of nodes) and
+// returns immediately; shapes and dtypes are checked here, so mistakes throw kiln::Error at the
+// line that made them, not later inside the JIT.
+//
+//   Tensor x = kiln::randn({32, 10});
+//   Tensor y = kiln::softmax(x * 2.0 + 1.0, -1).sum({1});
+#pragma once
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kiln {
+
+// ---- creation ----
+Tensor full(Shape shape, double value, DType dtype = DType::Float32);
+Tensor zeros(Shape shape, DType dtype = DType::Float32);
+Tensor ones(Shape shape, DType dtype = DType::Float32);
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor scalar(double value, DType dtype = DType::Float32);  // a 0-d tensor
+// Index along `axis` at every position of `shape`: iota({2,3}, 1) = [[0,1,2],[0,1,2]].
+Tensor iota(Shape shape, int64_t axis = 0, DType dtype = DType::Int64);
+Tensor arange(int64_t n, DType dtype = DType::Int64);
+// Counter-based (Philox) random numbers: the global seed (flags().seed, kiln::manual_seed) and a
+// running offset make every call distinct and every run with the same seed identical.
+Tensor rand(Shape shape, DType dtype = DType::Float32);   // uniform [0, 1)
+Tensor randn(Shape shape, DType dtype = DType::Float32);  // standard normal
+void manual_seed(uint64_t seed);
+// Copies host data into a new realized tensor.
+template <typename T> Tensor from_vector(const std::vector<T>& values, Shape shape);
+Tensor from_doubles(const std::vector<double>& values, Shape shape, DType dtype);
+
+// ---- elementwise ----
+Tensor neg(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor rsqrt(const Tensor& a);
+Tensor sin(const Tensor& a);
+Tensor cos(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor erf(const Tensor& a);
+Tensor abs(const Tensor& a);
+Tensor reciprocal(const Tensor& a);
+Tensor sign(const Tensor& a);
+Tensor floor(const Tensor& a);
+Tensor logical_not(const Tensor& a);
+Tensor cast(const Tensor& a, DType dtype);
+
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, double exponent);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor logical_and(const Tensor& a, const Tensor& b);
+Tensor logical_or(const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor clamp(const Tensor& a, double lo, double hi);
+
+// A plain number as an operand takes the tensor's dtype (float32 if the tensor is integral and
+// the number is not).
+Tensor scalar_like(double value, const Tensor& like);
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a);
+Tensor operator+(const Tensor& a, double b);
+Tensor operator-(const Tensor& a, double b);
+Tensor operator*(const Tensor& a, double b);
+Tensor operator/(const Tensor& a, double b);
+Tensor operator+(double a, const Tensor& b);
+Tensor operator-(double a, const Tensor& b);
+Tensor operator*(double a, const Tensor& b);
+Tensor operator/(double a, const Tensor& b);
+Tensor operator<(const Tensor& a, const Tensor& b);
+Tensor operator>(const Tensor& a, const Tensor& b);
+
+// ---- movement (views) ----
+Tensor reshape(const Tensor& a, Shape shape);  // one -1 allowed
+Tensor permute(const Tensor& a, std::vector<int64_t> perm);
+Tensor transpose(const Tensor& a, int64_t axis0, int64_t axis1);
+Tensor expand(const Tensor& a, Shape shape);  // NumPy broadcasting of a to shape
+Tensor broadcast_to(const Tensor& a, Shape shape);
+Tensor slice(const Tensor& a, int64_t axis, int64_t start, int64_t stop, int64_t step = 1);
+// pads[i] = {before, after} for axis i (missing trailing axes: no padding); pads with zeros.
+Tensor pad(const Tensor& a, std::vector<std::pair<int64_t, int64_t>> pads);
+Tensor concat(const std::vector<Tensor>& tensors, int64_t axis = 0);
+Tensor unsqueeze(const Tensor& a, int64_t axis);
+Tensor squeeze(const Tensor& a, int64_t axis);
+Tensor flatten(const Tensor& a, int64_t start = 0, int64_t end = -1);
+
+// ---- reductions (empty axes = all) ----
+Tensor sum(const Tensor& a, std::vector<int64_t> axes = {}, bool keepdim = false);
+Tensor max(const Tensor& a, std::vector<int64_t> axes = {}, bool keepdim = false);
+Tensor min(const Tensor& a, std::vector<int64_t> axes = {}, bool keepdim = false);
+Tensor mean(const Tensor& a, std::vector<int64_t> axes = {}, bool keepdim = false);
+Tensor var(const Tensor& a, std::vector<int64_t> axes = {}, bool keepdim = false, bool unbiased = false);
+Tensor argmax(const Tensor& a, int64_t axis, bool keepdim = false);  // int64, first maximum
+
+// ---- indexing ----
+// out[..i..] = a[.. index[..i..] ..] along axis (torch.gather): index has a's rank.
+Tensor gather(const Tensor& a, int64_t axis, const Tensor& index);
+// out = zeros(shape); out[.. index[..i..] ..] += src[..i..] along axis (adjoint of gather).
+Tensor scatter_add(Shape shape, int64_t axis, const Tensor& index, const Tensor& src);
+// Rows of a along axis picked by a 1-d index (embedding lookup).
+Tensor index_select(const Tensor& a, int64_t axis, const Tensor& index);
+Tensor one_hot(const Tensor& labels, int64_t classes, DType dtype = DType::Float32);
+
+// ---- linear algebra ----
+// Batched, broadcasting matmul as in NumPy: (..., M, K) @ (..., K, N); 1-d operands allowed.
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+// ---- composites (built from the primitives above; gradients come for free) ----
+Tensor relu(const Tensor& x);
+Tensor gelu(const Tensor& x, bool tanh_approximation = false);
+Tensor sigmoid(const Tensor& x);
+Tensor silu(const Tensor& x);
+Tensor softmax(const Tensor& x, int64_t axis = -1);
+Tensor log_softmax(const Tensor& x, int64_t axis = -1);
+Tensor logsumexp(const Tensor& x, std::vector<int64_t> axes, bool keepdim = false);
+// Normalizes over the trailing dims of `normalized_shape`; weight/bias optional (undefined).
+Tensor layer_norm(const Tensor& x, Shape normalized_shape, const Tensor& weight = {},
+                  const Tensor& bias = {}, double eps = 1e-5);
+// Mean cross entropy of logits (N, C) against integer labels (N); label_smoothing in [0, 1).
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_smoothing = 0.0);
+Tensor mse_loss(const Tensor& prediction, const Tensor& target);
+// Zeroes elements with probability p and scales the rest by 1/(1-p) when `training`.
+Tensor dropout(const Tensor& x, double p, bool training = true);
+
+}  // namespace kiln

@@ -1,0 +1,165 @@
+#include "ops/primitive.h"
+
+#include <algorithm>
+
+#include "core/autograd.h"
+#include "core/flags.h"
+
+namespace kiln::prim {
+
+Tensor make(Op op, DType dtype, Shape shape, std::vector<Tensor> inputs, std::vector<int64_t> ints) {
+  auto node = std::make_shared<Node>();
+  node->op = op;
+  node->dtype = dtype;
+  node->shape = std::move(shape);
+  node->ints = std::move(ints);
+  bool needs_grad = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const NodePtr& in = inputs[i].node();
+    if (i > 0)
+      KILN_CHECK(in->device == inputs[0].device(), op_name(op), "inputs on different devices ({} and {}); "
+                 "move them with .to() first", inputs[0].device().str(), in->device.str());
+    node->device = in->device;
+    needs_grad |= in->requires_grad;
+    node->inputs.push_back(in);
+  }
+  node->requires_grad = needs_grad && grad_enabled();
+  Tensor out(std::move(node));
+  if (!flags().lazy) out.realize();
+  return out;
+}
+
+Tensor full(Shape shape, double value, DType dtype) {
+  Tensor t = make(Op::Full, dtype, std::move(shape), {});
+  t.node()->scalar = value;
+  return t;
+}
+
+Tensor iota(Shape shape, int64_t axis, DType dtype) {
+  int ax = normalize_axis(axis, shape.size(), "iota");
+  return make(Op::Iota, dtype, std::move(shape), {}, {ax});
+}
+
+Tensor unary(Op op, const Tensor& a) {
+  DType out = a.dtype();
+  if (op == Op::Not) out = DType::Bool;
+  bool float_only = op != Op::Neg && op != Op::Abs && op != Op::Sign && op != Op::Not;
+  KILN_CHECK(!float_only || is_floating(a.dtype()), op_name(op),
+             "needs a floating-point tensor, got {} {}; cast it first (e.g. .cast(kiln::DType::Float32))",
+             dtype_name(a.dtype()), shape_str(a.shape()));
+  return make(op, out, a.shape(), {a});
+}
+
+Tensor cast(const Tensor& a, DType dtype) {
+  if (a.dtype() == dtype) return a;
+  return make(Op::Cast, dtype, a.shape(), {a});
+}
+
+Tensor binary(Op op, const Tensor& a, const Tensor& b) {
+  KILN_CHECK(a.shape() == b.shape() && a.dtype() == b.dtype(), op_name(op),
+             "operands must match after broadcasting: {} {} vs {} {}", shape_str(a.shape()),
+             dtype_name(a.dtype()), shape_str(b.shape()), dtype_name(b.dtype()));
+  bool compare = op == Op::Lt || op == Op::Le || op == Op::Gt || op == Op::Ge || op == Op::Eq ||
+                 op == Op::Ne || op == Op::And || op == Op::Or;
+  if (op == Op::Pow)
+    KILN_CHECK(is_floating(a.dtype()), "Pow", "needs floating-point operands, got {}", dtype_name(a.dtype()));
+  return make(op, compare ? DType::Bool : a.dtype(), a.shape(), {a, b});
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  KILN_CHECK(cond.dtype() == DType::Bool && cond.shape() == a.shape() && a.shape() == b.shape() &&
+                 a.dtype() == b.dtype(),
+             "where", "needs a bool condition and two values of one shape and dtype; got {} {}, {} {}, {} {}",
+             shape_str(cond.shape()), dtype_name(cond.dtype()), shape_str(a.shape()), dtype_name(a.dtype()),
+             shape_str(b.shape()), dtype_name(b.dtype()));
+  return make(Op::Where, a.dtype(), a.shape(), {cond, a, b});
+}
+
+Tensor reshape(const Tensor& a, const Shape& shape) {
+  KILN_CHECK(numel(shape) == a.numel(), "reshape", "cannot reshape {} ({} elements) to {} ({} elements)",
+             shape_str(a.shape()), a.numel(), shape_str(shape), numel(shape));
+  if (shape == a.shape()) return a;
+  return make(Op::Reshape, a.dtype(), shape, {a});
+}
+
+Tensor permute(const Tensor& a, const std::vector<int64_t>& perm) {
+  std::vector<int64_t> sorted = perm;
+  std::sort(sorted.begin(), sorted.end());
+  bool ok = sorted.size() == a.dim();
+  for (size_t i = 0; ok && i < sorted.size(); ++i) ok = sorted[i] == static_cast<int64_t>(i);
+  KILN_CHECK(ok, "permute", "[{}] is not a permutation of the {} axes of {}", fmt::join(perm, ", "), a.dim(),
+             shape_str(a.shape()));
+  bool identity = true;
+  for (size_t i = 0; i < perm.size(); ++i) identity &= perm[i] == static_cast<int64_t>(i);
+  if (identity) return a;
+  Shape out(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) out[i] = a.shape()[perm[i]];
+  return make(Op::Permute, a.dtype(), out, {a}, perm);
+}
+
+Tensor expand(const Tensor& a, const Shape& shape) {
+  bool ok = shape.size() == a.dim();
+  for (size_t i = 0; ok && i < shape.size(); ++i) ok = a.shape()[i] == shape[i] || a.shape()[i] == 1;
+  KILN_CHECK(ok, "expand", "cannot expand {} to {}: only size-1 dims can grow", shape_str(a.shape()),
+             shape_str(shape));
+  if (shape == a.shape()) return a;
+  return make(Op::Expand, a.dtype(), shape, {a});
+}
+
+Tensor slice(const Tensor& a, const std::vector<int64_t>& starts, const std::vector<int64_t>& steps,
+             const Shape& shape) {
+  std::vector<int64_t> ints = starts;
+  ints.insert(ints.end(), steps.begin(), steps.end());
+  return make(Op::Slice, a.dtype(), shape, {a}, ints);
+}
+
+Tensor pad(const Tensor& a, const std::vector<int64_t>& before, const std::vector<int64_t>& after) {
+  Shape shape = a.shape();
+  for (size_t i = 0; i < shape.size(); ++i) {
+    KILN_CHECK(before[i] >= 0 && after[i] >= 0, "pad", "negative padding {} / {} on axis {}", before[i], after[i], i);
+    shape[i] += before[i] + after[i];
+  }
+  std::vector<int64_t> ints = before;
+  ints.insert(ints.end(), after.begin(), after.end());
+  return make(Op::Pad, a.dtype(), shape, {a}, ints);
+}
+
+Tensor reduce(Op op, const Tensor& a, std::vector<int64_t> axes) {
+  Shape shape = a.shape();
+  for (int64_t ax : axes) shape[ax] = 1;
+  if (axes.empty()) return a;
+  return make(op, a.dtype(), shape, {a}, std::move(axes));
+}
+
+Tensor gather(const Tensor& a, int64_t axis, const Tensor& index) {
+  KILN_CHECK(is_integral(index.dtype()) && index.dtype() != DType::Bool && index.dim() == a.dim(), "gather",
+             "index must be an integer tensor of the input's rank; got input {} and index {} {}",
+             shape_str(a.shape()), shape_str(index.shape()), dtype_name(index.dtype()));
+  for (size_t d = 0; d < a.dim(); ++d)
+    KILN_CHECK(d == static_cast<size_t>(axis) || index.shape()[d] <= a.shape()[d], "gather",
+               "index {} is larger than input {} in dimension {}", shape_str(index.shape()),
+               shape_str(a.shape()), d);
+  return make(Op::Gather, a.dtype(), index.shape(), {a, index}, {axis});
+}
+
+Tensor scatter_add(const Shape& shape, int64_t axis, const Tensor& index, const Tensor& src) {
+  KILN_CHECK(is_integral(index.dtype()) && index.dtype() != DType::Bool && index.shape() == src.shape() &&
+                 index.dim() == shape.size(),
+             "scatter_add", "index and src must have one shape and the output's rank; got output {}, index {} {}, src {}",
+             shape_str(shape), shape_str(index.shape()), dtype_name(index.dtype()), shape_str(src.shape()));
+  for (size_t d = 0; d < shape.size(); ++d)
+    KILN_CHECK(d == static_cast<size_t>(axis) || index.shape()[d] <= shape[d], "scatter_add",
+               "index {} is larger than output {} in dimension {}", shape_str(index.shape()), shape_str(shape), d);
+  return make(Op::ScatterAdd, src.dtype(), shape, {index, src}, {axis});
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  KILN_CHECK(a.dim() == 3 && b.dim() == 3 && a.shape()[0] == b.shape()[0] && a.shape()[2] == b.shape()[1] &&
+                 a.dtype() == b.dtype(),
+             "matmul", "needs (B, M, K) @ (B, K, N) of one dtype; got {} {} @ {} {}", shape_str(a.shape()),
+             dtype_name(a.dtype()), shape_str(b.shape()), dtype_name(b.dtype()));
+  return make(Op::Matmul, a.dtype(), {a.shape()[0], a.shape()[1], b.shape()[2]}, {a, b});
+}
+
+
+}  // namespace kiln::prim

@@ -1,0 +1,37 @@
+// Constructors of primitive nodes, with the shape/dtype rules of each primitive. The user-facing
+// API (ops/ops.h) broadcasts and promotes first, then calls these; grad rules call them too.
+#pragma once
+#include "core/tensor.h"
+
+namespace kiln::prim {
+
+// Records `op` over `inputs`; marks requires_grad and realizes at once in eager mode.
+Tensor make(Op op, DType dtype, Shape shape, std::vector<Tensor> inputs, std::vector<int64_t> ints = {});
+
+Tensor full(Shape shape, double value, DType dtype);
+Tensor iota(Shape shape, int64_t axis, DType dtype);
+Tensor rand(Op op, Shape shape, DType dtype);  // RandUniform or RandNormal
+
+Tensor unary(Op op, const Tensor& a);
+Tensor cast(const Tensor& a, DType dtype);
+Tensor binary(Op op, const Tensor& a, const Tensor& b);  // same shape and dtype
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+
+Tensor reshape(const Tensor& a, const Shape& shape);                // same numel
+Tensor permute(const Tensor& a, const std::vector<int64_t>& perm);  // a permutation of 0..rank-1
+Tensor expand(const Tensor& a, const Shape& shape);                 // same rank; 1 -> n only
+// Per axis: start and step; the result's extents are `shape`.
+Tensor slice(const Tensor& a, const std::vector<int64_t>& starts, const std::vector<int64_t>& steps,
+             const Shape& shape);
+Tensor pad(const Tensor& a, const std::vector<int64_t>& before, const std::vector<int64_t>& after);
+
+// Reduces `axes` (sorted, unique) keeping them as size-1 dims.
+Tensor reduce(Op op, const Tensor& a, std::vector<int64_t> axes);
+
+Tensor gather(const Tensor& a, int64_t axis, const Tensor& index);
+Tensor scatter_add(const Shape& shape, int64_t axis, const Tensor& index, const Tensor& src);
+
+// (B, M, K) @ (B, K, N) -> (B, M, N)
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+}  // namespace kiln::prim

@@ -1,0 +1,78 @@
+// Reductions of the user API: axis normalization, keepdim, and the composites mean/var/min/argmax.
+#include <algorithm>
+#include <limits>
+
+#include "ops/ops.h"
+#include "ops/primitive.h"
+
+namespace kiln {
+
+namespace {
+std::vector<int64_t> normalize_axes(const Tensor& a, std::vector<int64_t> axes, const char* op) {
+  if (axes.empty()) {
+    for (size_t i = 0; i < a.dim(); ++i) axes.push_back(static_cast<int64_t>(i));
+    return axes;
+  }
+  for (auto& ax : axes) ax = normalize_axis(ax, a.dim(), op);
+  std::sort(axes.begin(), axes.end());
+  KILN_CHECK(std::adjacent_find(axes.begin(), axes.end()) == axes.end(), op, "repeated axis in [{}] for {}",
+             fmt::join(axes, ", "), shape_str(a.shape()));
+  return axes;
+}
+
+Shape drop_axes(const Shape& shape, const std::vector<int64_t>& axes) {
+  Shape out;
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (!std::binary_search(axes.begin(), axes.end(), static_cast<int64_t>(i))) out.push_back(shape[i]);
+  return out;
+}
+
+Tensor reduce(Op op, const Tensor& a, std::vector<int64_t> axes, bool keepdim, const char* name) {
+  axes = normalize_axes(a, std::move(axes), name);
+  for (int64_t ax : axes)
+    KILN_CHECK(op != Op::ReduceMax || a.shape()[ax] > 0, name, "cannot take the max over empty axis {} of {}", ax,
+               shape_str(a.shape()));
+  Tensor x = a;
+  // Sums of small ints and bools accumulate in int64, as in PyTorch.
+  if (op == Op::ReduceSum && is_integral(a.dtype())) x = cast(a, DType::Int64);
+  Tensor r = prim::reduce(op, x, axes);
+  return keepdim ? r : prim::reshape(r, drop_axes(a.shape(), axes));
+}
+}  // namespace
+
+Tensor sum(const Tensor& a, std::vector<int64_t> axes, bool keepdim) {
+  return reduce(Op::ReduceSum, a, std::move(axes), keepdim, "sum");
+}
+Tensor max(const Tensor& a, std::vector<int64_t> axes, bool keepdim) {
+  return reduce(Op::ReduceMax, a, std::move(axes), keepdim, "max");
+}
+Tensor min(const Tensor& a, std::vector<int64_t> axes, bool keepdim) { return neg(max(neg(a), std::move(axes), keepdim)); }
+
+Tensor mean(const Tensor& a, std::vector<int64_t> axes, bool keepdim) {
+  auto norm = normalize_axes(a, axes, "mean");
+  int64_t count = 1;
+  for (int64_t ax : norm) count *= a.shape()[ax];
+  Tensor x = is_floating(a.dtype()) ? a : cast(a, DType::Float32);
+  return sum(x, norm, keepdim) * (1.0 / static_cast<double>(std::max<int64_t>(count, 1)));
+}
+
+Tensor var(const Tensor& a, std::vector<int64_t> axes, bool keepdim, bool unbiased) {
+  auto norm = normalize_axes(a, axes, "var");
+  int64_t count = 1;
+  for (int64_t ax : norm) count *= a.shape()[ax];
+  Tensor centered = a - mean(a, norm, true);
+  Tensor ss = sum(centered * centered, norm, keepdim);
+  return ss * (1.0 / static_cast<double>(std::max<int64_t>(unbiased ? count - 1 : count, 1)));
+}
+
+Tensor argmax(const Tensor& a, int64_t axis, bool keepdim) {
+  int ax = normalize_axis(axis, a.dim(), "argmax");
+  int64_t n = a.shape()[ax];
+  Tensor is_max = eq(a, max(a, {ax}, true));
+  // The first maximum: smallest index among positions equal to the max.
+  Tensor idx = iota(a.shape(), ax, DType::Int64);
+  Tensor candidates = where(is_max, idx, full(a.shape(), static_cast<double>(n), DType::Int64));
+  return min(candidates, {ax}, keepdim);
+}
+
+}  // namespace kiln

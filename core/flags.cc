@@ -109,6 +109,8 @@ int64_t parse_size(const std::string& text, const char* what) {
   return static_cast<int64_t>(v * it->second);
 }
 
+Flags Flags::from_environment() { return read_environment(); }
+
 Flags& flags() {
   static Flags f = read_environment();
   return f;

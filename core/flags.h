@@ -40,6 +40,9 @@ struct Flags {
   // Prints every flag with its value, its environment variable and its source.
   void print() const;
   std::string to_string() const;
+  // Flags as the environment sets them (defaults for unset variables); throws kiln::Error on a
+  // bad value, naming the variable.
+  static Flags from_environment();
   // Sets a flag from text, as the environment does; throws kiln::Error on unknown names/values.
   void set(const std::string& name, const std::string& value);
 };

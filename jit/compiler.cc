@@ -35,7 +35,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kCompilerPath = KILN_HOST_CXX;
-constexpr const char* kCompileFlags = "-O2 -march=native -fno-math-errno -fno-trapping-math -fopenmp -shared -fPIC -std=c++17 -w";
+constexpr const char* kCompileFlags = "-O2 -march=native -fno-math-errno -fno-trapping-math -ffp-contract=off -fopenmp -shared -fPIC -std=c++17 -w";
 // Every module exports this function returning its key, so a cache file can prove what it holds.
 constexpr const char* kKeySymbol = "kiln_module_key";
 constexpr int kMaxErrorLines = 40;

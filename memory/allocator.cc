@@ -1,5 +1,6 @@
 #include "memory/allocator.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <new>
 
@@ -10,8 +11,17 @@ namespace kiln::memory {
 namespace {
 constexpr size_t kAlignment = 64;
 
-void release_host(void* data, size_t, Device) { std::free(data); }
+std::atomic<int64_t> g_allocated{0};
+std::atomic<int64_t> g_peak{0};
+
+void release_host(void* data, size_t bytes, Device) {
+  g_allocated -= static_cast<int64_t>(bytes);
+  std::free(data);
+}
 }  // namespace
+
+int64_t allocated_bytes() { return g_allocated; }
+int64_t peak_allocated_bytes() { return g_peak; }
 
 std::shared_ptr<Storage> allocate_storage(size_t bytes, Device device) {
   KILN_CHECK(device.is_cpu(), "allocate", "device {} is not available in this build", device.str());
@@ -21,6 +31,10 @@ std::shared_ptr<Storage> allocate_storage(size_t bytes, Device device) {
   KILN_CHECK(storage->data != nullptr, "allocate",
              "out of host memory allocating {} bytes; try a smaller batch or KILN_MEMORY_BUDGET", bytes);
   storage->bytes = bytes;
+  int64_t now = g_allocated += static_cast<int64_t>(bytes);
+  int64_t peak = g_peak;
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+  }
   storage->device = device;
   storage->release = release_host;
   return storage;

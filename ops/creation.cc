@@ -33,10 +33,10 @@ Tensor rand(Op op, Shape shape, DType dtype) {
   uint64_t seed = current_seed();
   // Each call consumes a fresh range of Philox counters so values never repeat within a seed.
   uint64_t offset = g_offset.fetch_add(static_cast<uint64_t>(numel(shape) + 3) / 4 * 4);
-  Tensor t = make(op, dtype, std::move(shape), {});
+  Tensor t = record(op, dtype, std::move(shape), {});
   t.node()->seed = seed;
   t.node()->offset = offset;
-  return t;
+  return finish(t);
 }
 }  // namespace prim
 

@@ -8,6 +8,15 @@
 namespace kiln::prim {
 
 Tensor make(Op op, DType dtype, Shape shape, std::vector<Tensor> inputs, std::vector<int64_t> ints) {
+  return finish(record(op, dtype, std::move(shape), std::move(inputs), std::move(ints)));
+}
+
+Tensor finish(Tensor t) {
+  if (!flags().lazy) t.realize();
+  return t;
+}
+
+Tensor record(Op op, DType dtype, Shape shape, std::vector<Tensor> inputs, std::vector<int64_t> ints) {
   auto node = std::make_shared<Node>();
   node->op = op;
   node->dtype = dtype;
@@ -24,15 +33,13 @@ Tensor make(Op op, DType dtype, Shape shape, std::vector<Tensor> inputs, std::ve
     node->inputs.push_back(in);
   }
   node->requires_grad = needs_grad && grad_enabled();
-  Tensor out(std::move(node));
-  if (!flags().lazy) out.realize();
-  return out;
+  return Tensor(std::move(node));
 }
 
 Tensor full(Shape shape, double value, DType dtype) {
-  Tensor t = make(Op::Full, dtype, std::move(shape), {});
+  Tensor t = record(Op::Full, dtype, std::move(shape), {});
   t.node()->scalar = value;
-  return t;
+  return finish(t);
 }
 
 Tensor iota(Shape shape, int64_t axis, DType dtype) {

@@ -7,6 +7,10 @@ namespace kiln::prim {
 
 // Records `op` over `inputs`; marks requires_grad and realizes at once in eager mode.
 Tensor make(Op op, DType dtype, Shape shape, std::vector<Tensor> inputs, std::vector<int64_t> ints = {});
+// As make, without the eager realize, for nodes whose attributes are set after recording;
+// finish() then realizes in eager mode.
+Tensor record(Op op, DType dtype, Shape shape, std::vector<Tensor> inputs, std::vector<int64_t> ints = {});
+Tensor finish(Tensor t);
 
 Tensor full(Shape shape, double value, DType dtype);
 Tensor iota(Shape shape, int64_t axis, DType dtype);

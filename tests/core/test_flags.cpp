@@ -1,0 +1,59 @@
+// Flags: defaults, environment parsing, scoped guards, printing.
+#include <catch2/catch.hpp>
+#include <kiln/kiln.h>
+
+#include <cstdlib>
+
+using namespace kiln;
+
+TEST_CASE("flags read from the environment and reject bad values", "[flags]") {
+  setenv("KILN_MEMORY_POOL", "none", 1);
+  setenv("KILN_LOG", "2", 1);
+  Flags f = Flags::from_environment();
+  CHECK(f.memory_pool == MemoryPool::None);
+  CHECK(f.log == 2);
+  setenv("KILN_MEMORY_POOL", "bogus", 1);
+  REQUIRE_THROWS_WITH(Flags::from_environment(), Catch::Contains("KILN_MEMORY_POOL") && Catch::Contains("bogus"));
+  unsetenv("KILN_MEMORY_POOL");
+  setenv("KILN_LOG", "7", 1);
+  REQUIRE_THROWS_WITH(Flags::from_environment(), Catch::Contains("KILN_LOG"));
+  setenv("KILN_LOG", "abc", 1);
+  REQUIRE_THROWS_AS(Flags::from_environment(), Error);
+  unsetenv("KILN_LOG");
+  setenv("KILN_MEMORY_BUDGET", "12 parsecs", 1);
+  REQUIRE_THROWS_WITH(Flags::from_environment(), Catch::Contains("memory_budget"));
+  setenv("KILN_MEMORY_BUDGET", "0.5", 1);
+  CHECK(Flags::from_environment().memory_budget == "0.5");
+  unsetenv("KILN_MEMORY_BUDGET");
+}
+
+TEST_CASE("a FlagsGuard restores every flag", "[flags]") {
+  bool lazy = flags().lazy;
+  int log = flags().log;
+  {
+    FlagsGuard guard;
+    flags().lazy = !lazy;
+    flags().set("log", "3");
+    CHECK(flags().log == 3);
+  }
+  CHECK(flags().lazy == lazy);
+  CHECK(flags().log == log);
+  REQUIRE_THROWS_WITH(flags().set("no_such_flag", "1"), Catch::Contains("no_such_flag"));
+  REQUIRE_THROWS_AS(flags().set("lazy", "maybe"), Error);
+  CHECK(flags().lazy == lazy);
+}
+
+TEST_CASE("flags print every field with its variable", "[flags]") {
+  FlagsGuard guard;
+  flags().seed = 42;
+  std::string text = flags().to_string();
+  CHECK_THAT(text, Catch::Contains("KILN_LAZY") && Catch::Contains("KILN_MEMORY_POOL") && Catch::Contains("KILN_SEED"));
+  CHECK_THAT(text, Catch::Contains("42") && Catch::Contains("code"));
+}
+
+TEST_CASE("sizes parse with units", "[flags]") {
+  CHECK(parse_size("512MiB", "x") == 512ll << 20);
+  CHECK(parse_size("2GB", "x") == 2000000000ll);
+  CHECK(parse_size("4096", "x") == 4096);
+  REQUIRE_THROWS_AS(parse_size("lots", "x"), Error);
+}

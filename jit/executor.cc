@@ -100,7 +100,7 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
                "index {} is out of range in kernel `{}`; indices must lie in [0, size) of the indexed dimension",
                error[0], kernel.summary);
     for (const KernelBuffer& b : kernel.buffers)
-      if (plan.last_use[b.slot] == static_cast<int>(k) && !s.slots[b.slot].output && s.slots[b.slot].external < 0) {
+      if (plan.last_use[b.slot] == static_cast<int>(k) && !s.slots[b.slot].keep && s.slots[b.slot].external < 0) {
         storage[b.slot].reset();
         ptrs[b.slot] = nullptr;
       }
@@ -110,6 +110,11 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
     if (!s.slots[i].output) continue;
     Node* node = graph.nodes[s.slots[i].node].get();
     node->storage = storage[i];
+    if (!node->requires_grad) node->inputs.clear();
+  }
+  for (const PlanAlias& alias : s.aliases) {
+    Node* node = graph.nodes[alias.node].get();
+    node->storage = storage[alias.slot];
     if (!node->requires_grad) node->inputs.clear();
   }
 }

@@ -45,43 +45,55 @@ std::string store_value(DType t, const std::string& v) {
   return fmt::format("({})({})", storage_type(t), v);
 }
 
-// Per-op expression patterns; {0} {1} {2} are operands, {f} picks the float/double function.
+// Per-op expression patterns; {0} {1} {2} are operands. Ops rendered by kind (leaves, cast,
+// views, reductions, indexing, library calls) have no pattern.
 struct Pattern {
-  const char* f32;
-  const char* f64;  // nullptr: same as f32
+  Op op;
+  const char* f32;  // float (and integer) operands
+  const char* f64;  // double operands; nullptr: same as f32
 };
 constexpr Pattern kPatterns[] = {
-    // leaves: rendered by kind, not by pattern
-    {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
-    // unary
-    {"(-{0})", nullptr},                                 // Neg
-    {"kiln_expf({0})", "__builtin_exp({0})"},            // Exp
-    {"kiln_logf({0})", "__builtin_log({0})"},            // Log
-    {"__builtin_sqrtf({0})", "__builtin_sqrt({0})"},     // Sqrt
-    {"(1.0f / __builtin_sqrtf({0}))", "(1.0 / __builtin_sqrt({0}))"},  // Rsqrt
-    {"__builtin_sinf({0})", "__builtin_sin({0})"},       // Sin
-    {"__builtin_cosf({0})", "__builtin_cos({0})"},       // Cos
-    {"kiln_tanhf({0})", "__builtin_tanh({0})"},          // Tanh
-    {"kiln_erff({0})", "__builtin_erf({0})"},            // Erf
-    {"({0} < 0 ? -{0} : {0})", nullptr},                 // Abs
-    {"(1.0f / {0})", "(1.0 / {0})"},                     // Reciprocal
-    {"(({0} > 0) - ({0} < 0))", nullptr},                // Sign
-    {"__builtin_floorf({0})", "__builtin_floor({0})"},   // Floor
-    {"(!{0})", nullptr},                                 // Not
-    {nullptr, nullptr},                                  // Cast: by kind
-    // binary
-    {"({0} + {1})", nullptr}, {"({0} - {1})", nullptr}, {"({0} * {1})", nullptr}, {"({0} / {1})", nullptr},
-    {"__builtin_powf({0}, {1})", "__builtin_pow({0}, {1})"},  // Pow
-    {"KILN_MAX({0}, {1})", nullptr}, {"KILN_MIN({0}, {1})", nullptr},
-    {"({0} < {1})", nullptr}, {"({0} <= {1})", nullptr}, {"({0} > {1})", nullptr}, {"({0} >= {1})", nullptr},
-    {"({0} == {1})", nullptr}, {"({0} != {1})", nullptr}, {"({0} && {1})", nullptr}, {"({0} || {1})", nullptr},
-    // ternary
-    {"({0} ? {1} : {2})", nullptr},  // Where
-    // movement, reduce, index, library: never rendered as expressions
-    {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
-    {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
+    {Op::Input, nullptr, nullptr}, {Op::Full, nullptr, nullptr}, {Op::Iota, nullptr, nullptr},
+    {Op::RandUniform, nullptr, nullptr}, {Op::RandNormal, nullptr, nullptr},
+    {Op::Neg, "(-{0})", nullptr},
+    {Op::Exp, "kiln_expf({0})", "__builtin_exp({0})"},
+    {Op::Log, "kiln_logf({0})", "__builtin_log({0})"},
+    {Op::Sqrt, "__builtin_sqrtf({0})", "__builtin_sqrt({0})"},
+    {Op::Rsqrt, "(1.0f / __builtin_sqrtf({0}))", "(1.0 / __builtin_sqrt({0}))"},
+    {Op::Sin, "__builtin_sinf({0})", "__builtin_sin({0})"},
+    {Op::Cos, "__builtin_cosf({0})", "__builtin_cos({0})"},
+    {Op::Tanh, "kiln_tanhf({0})", "__builtin_tanh({0})"},
+    {Op::Erf, "kiln_erff({0})", "__builtin_erf({0})"},
+    {Op::Abs, "({0} < 0 ? -{0} : {0})", nullptr},
+    {Op::Reciprocal, "(1.0f / {0})", "(1.0 / {0})"},
+    {Op::Sign, "(({0} > 0) - ({0} < 0))", nullptr},
+    {Op::Floor, "__builtin_floorf({0})", "__builtin_floor({0})"},
+    {Op::Not, "(!{0})", nullptr},
+    {Op::Cast, nullptr, nullptr},
+    {Op::Add, "({0} + {1})", nullptr}, {Op::Sub, "({0} - {1})", nullptr}, {Op::Mul, "({0} * {1})", nullptr},
+    {Op::Div, "({0} / {1})", nullptr}, {Op::Pow, "__builtin_powf({0}, {1})", "__builtin_pow({0}, {1})"},
+    {Op::Max, "KILN_MAX({0}, {1})", nullptr}, {Op::Min, "KILN_MIN({0}, {1})", nullptr},
+    {Op::Lt, "({0} < {1})", nullptr}, {Op::Le, "({0} <= {1})", nullptr}, {Op::Gt, "({0} > {1})", nullptr},
+    {Op::Ge, "({0} >= {1})", nullptr}, {Op::Eq, "({0} == {1})", nullptr}, {Op::Ne, "({0} != {1})", nullptr},
+    {Op::And, "({0} && {1})", nullptr}, {Op::Or, "({0} || {1})", nullptr},
+    {Op::Where, "({0} ? {1} : {2})", nullptr},
+    {Op::Reshape, nullptr, nullptr}, {Op::Permute, nullptr, nullptr}, {Op::Expand, nullptr, nullptr},
+    {Op::Slice, nullptr, nullptr}, {Op::Pad, nullptr, nullptr},
+    {Op::ReduceSum, nullptr, nullptr}, {Op::ReduceMax, nullptr, nullptr},
+    {Op::Gather, nullptr, nullptr}, {Op::ScatterAdd, nullptr, nullptr},
+    {Op::Matmul, nullptr, nullptr},
 };
-static_assert(std::size(kPatterns) == kNumOps, "every primitive in core/op.h needs a renderer entry here");
+
+constexpr bool covers_every_op() {
+  if (std::size(kPatterns) != static_cast<size_t>(kNumOps)) return false;
+  for (size_t i = 0; i < std::size(kPatterns); ++i) {
+    if (static_cast<size_t>(kPatterns[i].op) != i) return false;
+    // Every elementwise op except Cast (rendered by kind) needs a pattern.
+    if (is_elementwise(kPatterns[i].op) && kPatterns[i].op != Op::Cast && kPatterns[i].f32 == nullptr) return false;
+  }
+  return true;
+}
+static_assert(covers_every_op(), "every primitive in core/op.h needs a renderer entry here, in enum order");
 
 class CppKernelRenderer {
  public:

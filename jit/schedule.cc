@@ -91,6 +91,7 @@ struct Scheduler {
   std::unordered_map<const Node*, int> position;  // pending node -> index
   std::unordered_map<const Node*, int> slot_of;   // materialized or external node -> plan slot
   std::vector<bool> materialized;
+  std::vector<int> alias_base;  // per node: the node whose buffer an alias output shares, or -1
   std::unordered_map<const Node*, int> scalar_slot, rand_slot;
 
   explicit Scheduler(const PendingGraph& g) : graph(g) {}
@@ -159,6 +160,20 @@ void Scheduler::decide_materialization() {
       }
     }
   }
+  // Outputs that only reshape a buffer (e.g. a scalar loss out of a [1, 1] sum) share it.
+  alias_base.assign(n, -1);
+  for (int o : graph.outputs) {
+    const Node* base = graph.nodes[o].get();
+    while (base->op == Op::Reshape && !base->realized()) {
+      base = base->inputs[0].get();
+      auto it = position.find(base);
+      if (it == position.end() || materialized[it->second]) break;
+    }
+    auto it = position.find(base);
+    if (base == graph.nodes[o].get() || it == position.end() || !materialized[it->second]) continue;
+    materialized[o] = false;
+    alias_base[o] = it->second;
+  }
 }
 
 void Scheduler::assign_slots() {
@@ -181,7 +196,13 @@ void Scheduler::assign_slots() {
     }
     if (!materialized[i]) continue;
     slot_of[node] = static_cast<int>(out.slots.size());
-    out.slots.push_back({-1, static_cast<int>(i), node->dtype, node->numel(), is_output[i]});
+    out.slots.push_back({-1, static_cast<int>(i), node->dtype, node->numel(), is_output[i], is_output[i]});
+  }
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    if (alias_base[i] < 0) continue;
+    int slot = slot_of.at(graph.nodes[alias_base[i]].get());
+    out.slots[slot].keep = true;
+    out.aliases.push_back({static_cast<int>(i), slot});
   }
 }
 

@@ -27,7 +27,14 @@ struct PlanSlot {
   int node = -1;      // position in PendingGraph::nodes
   DType dtype = DType::Float32;
   int64_t numel = 0;
-  bool output = false;
+  bool output = false;  // attached to its node after the run
+  bool keep = false;    // survives the run (an output, or the buffer an alias output shares)
+};
+
+// An output that is a reshape of a materialized node shares that node's buffer: no copy.
+struct PlanAlias {
+  int node;  // position in PendingGraph::nodes
+  int slot;  // the buffer it shares
 };
 
 struct Schedule {
@@ -35,6 +42,7 @@ struct Schedule {
   std::vector<Kernel> kernels;
   std::vector<int> scalar_nodes;  // node position giving each float scalar (Full values)
   std::vector<int> rand_nodes;    // node position giving each Rand seed/offset pair
+  std::vector<PlanAlias> aliases;
 };
 
 Schedule schedule(const PendingGraph& graph);

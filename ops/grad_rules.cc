@@ -158,29 +158,37 @@ Grads matmul_grad(const NodePtr& n, const Tensor& g) {
   return {prim::matmul(g, prim::permute(b, {0, 2, 1})), prim::matmul(prim::permute(a, {0, 2, 1}), g)};
 }
 
-constexpr GradRule kGradRules[] = {
-    // leaves
-    none, none, none, none, none,
-    // unary: Neg Exp Log Sqrt Rsqrt Sin Cos Tanh Erf Abs Reciprocal Sign Floor Not Cast
-    neg_grad, exp_grad, log_grad, sqrt_grad, rsqrt_grad, sin_grad, cos_grad, tanh_grad, erf_grad, abs_grad,
-    reciprocal_grad, no_grad_inputs, no_grad_inputs, no_grad_inputs, cast_grad,
-    // binary: Add Sub Mul Div Pow Max Min Lt Le Gt Ge Eq Ne And Or
-    add_grad, sub_grad, mul_grad, div_grad, pow_grad, max_grad, min_grad, no_grad_inputs, no_grad_inputs,
-    no_grad_inputs, no_grad_inputs, no_grad_inputs, no_grad_inputs, no_grad_inputs, no_grad_inputs,
-    // ternary
-    where_grad,
-    // movement: Reshape Permute Expand Slice Pad
-    reshape_grad, permute_grad, expand_grad, slice_grad, pad_grad,
-    // reduce
-    sum_grad, reduce_max_grad,
-    // index
-    gather_grad, scatter_add_grad,
-    // library
-    matmul_grad,
+struct GradEntry {
+  Op op;
+  GradRule rule;
 };
-static_assert(std::size(kGradRules) == kNumOps, "every primitive in core/op.h needs a grad rule here");
+constexpr GradEntry kGradRules[] = {
+    {Op::Input, none}, {Op::Full, none}, {Op::Iota, none}, {Op::RandUniform, none}, {Op::RandNormal, none},
+    {Op::Neg, neg_grad}, {Op::Exp, exp_grad}, {Op::Log, log_grad}, {Op::Sqrt, sqrt_grad},
+    {Op::Rsqrt, rsqrt_grad}, {Op::Sin, sin_grad}, {Op::Cos, cos_grad}, {Op::Tanh, tanh_grad},
+    {Op::Erf, erf_grad}, {Op::Abs, abs_grad}, {Op::Reciprocal, reciprocal_grad}, {Op::Sign, no_grad_inputs},
+    {Op::Floor, no_grad_inputs}, {Op::Not, no_grad_inputs}, {Op::Cast, cast_grad},
+    {Op::Add, add_grad}, {Op::Sub, sub_grad}, {Op::Mul, mul_grad}, {Op::Div, div_grad}, {Op::Pow, pow_grad},
+    {Op::Max, max_grad}, {Op::Min, min_grad}, {Op::Lt, no_grad_inputs}, {Op::Le, no_grad_inputs},
+    {Op::Gt, no_grad_inputs}, {Op::Ge, no_grad_inputs}, {Op::Eq, no_grad_inputs}, {Op::Ne, no_grad_inputs},
+    {Op::And, no_grad_inputs}, {Op::Or, no_grad_inputs},
+    {Op::Where, where_grad},
+    {Op::Reshape, reshape_grad}, {Op::Permute, permute_grad}, {Op::Expand, expand_grad}, {Op::Slice, slice_grad},
+    {Op::Pad, pad_grad},
+    {Op::ReduceSum, sum_grad}, {Op::ReduceMax, reduce_max_grad},
+    {Op::Gather, gather_grad}, {Op::ScatterAdd, scatter_add_grad},
+    {Op::Matmul, matmul_grad},
+};
+
+constexpr bool covers_every_op() {
+  if (std::size(kGradRules) != static_cast<size_t>(kNumOps)) return false;
+  for (size_t i = 0; i < std::size(kGradRules); ++i)
+    if (static_cast<size_t>(kGradRules[i].op) != i) return false;
+  return true;
+}
+static_assert(covers_every_op(), "every primitive in core/op.h needs a grad rule here, in enum order");
 }  // namespace
 
-GradRule grad_rule(Op op) { return kGradRules[static_cast<int>(op)]; }
+GradRule grad_rule(Op op) { return kGradRules[static_cast<int>(op)].rule; }
 
 }  // namespace kiln

@@ -145,6 +145,24 @@ int64_t IndexContext::coefficient(const IndexExpr& a, const std::string& name) c
   return 0;
 }
 
+int64_t IndexContext::evaluate(const IndexExpr& a, const std::vector<std::pair<std::string, int64_t>>& vars) const {
+  int64_t v = a.constant;
+  for (auto& t : a.terms) {
+    const IndexAtom& atom = atoms_[t.atom];
+    int64_t x = 0;
+    if (atom.kind == IndexAtom::Kind::Var) {
+      for (auto& [name, value] : vars)
+        if (name == atom.name) x = value;
+    } else {
+      // Generated C uses truncating / and %; only non-negative operands reach them.
+      int64_t inner = evaluate(inners_[atom.inner], vars);
+      x = atom.kind == IndexAtom::Kind::Div ? inner / atom.divisor : inner % atom.divisor;
+    }
+    v += t.coeff * x;
+  }
+  return v;
+}
+
 std::string IndexContext::render(const IndexExpr& a) const {
   std::string s;
   for (auto& t : a.terms) {

@@ -45,6 +45,8 @@ class IndexContext {
   // Coefficient of the loop variable `name` (0 when absent or hidden inside a div/mod).
   int64_t coefficient(const IndexExpr& a, const std::string& name) const;
   std::string render(const IndexExpr& a) const;
+  // The value for given loop-variable values (by name); for tests and debugging.
+  int64_t evaluate(const IndexExpr& a, const std::vector<std::pair<std::string, int64_t>>& vars) const;
   const std::vector<IndexAtom>& atoms() const { return atoms_; }
 
  private:

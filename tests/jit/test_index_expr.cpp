@@ -1,0 +1,91 @@
+// The symbolic index simplifier: reshapes of contiguous data must fold back to affine form, and
+// every simplification must keep the value of the expression.
+#include <catch2/catch.hpp>
+
+#include <random>
+
+#include "core/shape.h"
+#include "jit/index_expr.h"
+
+using namespace kiln;
+using namespace kiln::jit;
+
+namespace {
+// Index of `shape` reached by the linear position `lin`, as the executor's reshape rule does.
+std::vector<IndexExpr> unravel(IndexContext& ctx, const IndexExpr& lin, const Shape& shape) {
+  auto strides = contiguous_strides(shape);
+  std::vector<IndexExpr> idx(shape.size());
+  for (size_t d = 0; d < shape.size(); ++d)
+    idx[d] = d == 0 ? ctx.div(lin, strides[0]) : ctx.mod(ctx.div(lin, strides[d]), shape[d]);
+  return idx;
+}
+}  // namespace
+
+TEST_CASE("merging and splitting contiguous dims stays affine", "[jit][index]") {
+  IndexContext ctx;
+  // (B, T, C) = (4, 5, 6) viewed as (20, 6): row = b*5 + t, col = c.
+  IndexExpr b = ctx.var("b", 4), t = ctx.var("t", 5), c = ctx.var("c", 6);
+  IndexExpr lin = ctx.add(ctx.add(ctx.scale(b, 30), ctx.scale(t, 6)), c);
+  auto idx = unravel(ctx, lin, {20, 6});
+  CHECK(ctx.is_affine(idx[0]));
+  CHECK(ctx.is_affine(idx[1]));
+  CHECK(ctx.render(idx[0]) == "5*b + t");
+  CHECK(ctx.render(idx[1]) == "c");
+  // And back: (20, 6) viewed as (4, 5, 6).
+  IndexContext ctx2;
+  IndexExpr r = ctx2.var("r", 20), k = ctx2.var("k", 6);
+  auto back = unravel(ctx2, ctx2.add(ctx2.scale(r, 6), k), {4, 5, 6});
+  CHECK(ctx2.render(back[2]) == "k");
+  CHECK_FALSE(ctx2.is_affine(back[0]));  // r / 5 cannot be affine
+}
+
+TEST_CASE("random reshape chains keep their values", "[jit][index]") {
+  std::mt19937 rng(7);
+  const std::vector<Shape> shapes = {{24}, {2, 12}, {4, 6}, {2, 3, 4}, {3, 8}, {6, 2, 2}, {1, 24, 1}, {2, 2, 2, 3}};
+  for (int trial = 0; trial < 40; ++trial) {
+    const Shape& from = shapes[rng() % shapes.size()];
+    const Shape& via = shapes[rng() % shapes.size()];
+    const Shape& to = shapes[rng() % shapes.size()];
+    IndexContext ctx;
+    std::vector<IndexExpr> vars;
+    std::vector<std::string> names;
+    for (size_t d = 0; d < to.size(); ++d) {
+      names.push_back("v" + std::to_string(d));
+      vars.push_back(ctx.var(names.back(), to[d]));
+    }
+    // to -> via -> from, as nested reshapes are folded.
+    auto lin_of = [&](const std::vector<IndexExpr>& idx, const Shape& s) {
+      auto st = contiguous_strides(s);
+      IndexExpr lin = ctx.constant(0);
+      for (size_t d = 0; d < s.size(); ++d) lin = ctx.add(lin, ctx.scale(idx[d], st[d]));
+      return lin;
+    };
+    auto mid = unravel(ctx, lin_of(vars, to), via);
+    auto src = unravel(ctx, lin_of(mid, via), from);
+    IndexExpr offset = lin_of(src, from);
+    for (int64_t flat = 0; flat < 24; ++flat) {
+      std::vector<std::pair<std::string, int64_t>> values;
+      int64_t rest = flat;
+      auto st = contiguous_strides(to);
+      for (size_t d = 0; d < to.size(); ++d) {
+        values.push_back({names[d], rest / st[d]});
+        rest %= st[d];
+      }
+      INFO("trial " << trial << " offset " << ctx.render(offset));
+      REQUIRE(ctx.evaluate(offset, values) == flat);  // a reshape chain never moves data
+    }
+  }
+}
+
+TEST_CASE("slices with steps and pads shift and scale indices", "[jit][index]") {
+  IndexContext ctx;
+  IndexExpr i = ctx.var("i", 5);
+  IndexExpr sliced = ctx.add(ctx.scale(i, 3), ctx.constant(2));  // x[2::3]
+  CHECK(ctx.render(sliced) == "3*i + 2");
+  CHECK(ctx.min(sliced) == 2);
+  CHECK(ctx.max(sliced) == 14);
+  IndexExpr padded = ctx.add(i, ctx.constant(-1));
+  CHECK(ctx.min(padded) == -1);
+  CHECK(ctx.render(ctx.div(ctx.scale(i, 4), 2)) == "2*i");
+  CHECK(ctx.render(ctx.mod(ctx.add(ctx.scale(i, 4), ctx.constant(1)), 2)) == "1");
+}

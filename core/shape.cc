@@ -39,9 +39,11 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
 
 int normalize_axis(int64_t axis, size_t rank, const char* op) {
   int64_t r = static_cast<int64_t>(rank);
-  KILN_CHECK(axis >= -r && axis < std::max<int64_t>(r, 1), op,
-             "axis {} is out of range for a tensor of rank {} (valid: {}..{})", axis, rank, -r,
-             std::max<int64_t>(r, 1) - 1);
+  // Callers index the shape with the result, so a 0-d tensor has no valid axis (reductions of
+  // 0-d tensors handle their axes themselves).
+  KILN_CHECK(r > 0, op, "axis {} is out of range for a 0-d tensor, which has no axes; reshape it to [1] first", axis);
+  KILN_CHECK(axis >= -r && axis < r, op, "axis {} is out of range for a tensor of rank {} (valid: {}..{})", axis,
+             rank, -r, r - 1);
   return static_cast<int>(axis < 0 ? axis + r : axis);
 }
 

@@ -84,6 +84,8 @@ int64_t IndexContext::max(const IndexExpr& a) const {
 }
 
 IndexExpr IndexContext::div(const IndexExpr& a, int64_t d) {
+  // d is 0 only for strides of zero-size tensors, whose loops never run.
+  if (d == 0) return constant(0);
   if (d == 1) return a;
   if (a.terms.empty()) return constant(floor_div(a.constant, d));
   // Split a = d*q + r where r holds the terms whose coefficients d does not divide.
@@ -109,7 +111,7 @@ IndexExpr IndexContext::div(const IndexExpr& a, int64_t d) {
 }
 
 IndexExpr IndexContext::mod(const IndexExpr& a, int64_t d) {
-  if (d == 1) return constant(0);
+  if (d == 1 || d == 0) return constant(0);
   if (a.terms.empty()) return constant(floor_mod(a.constant, d));
   if (min(a) >= 0 && max(a) < d) return a;
   IndexExpr r;

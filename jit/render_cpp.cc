@@ -190,18 +190,25 @@ std::string CppKernelRenderer::render() {
   int64_t work = k_.out_numel;
   for (const Loop& l : k_.loops)
     if (l.role == Loop::Role::Reduce) work *= l.extent;
-  std::string par_if = fmt::format("if({} > {})", work, kParallelThreshold);
+  // Small kernels run on the calling thread with no parallel region at all: `parallel ... if(0)`
+  // still costs a GOMP_parallel call, and on a combined `parallel for simd` an unqualified if()
+  // also switches off the simd part (OpenMP 5.0), leaving the loop unvectorized.
+  const bool parallel = work > kParallelThreshold;
+  const std::string parallel_for = parallel ? "parallel for " : "";
 
   if (k_.kind == KernelKind::Elementwise) {
     const Loop& l0 = k_.loops[0];
     if (k_.loops.size() == 1) {
-      out += fmt::format("  #pragma omp parallel for simd {}\n", par_if);
+      out += fmt::format("  #pragma omp {}simd\n", parallel_for);
       out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", l0.var, l0.extent);
       emit_values(out, "    ");
     } else {
       const Loop& l1 = k_.loops[1];
-      out += fmt::format("  #pragma omp parallel for {}\n", par_if);
+      if (parallel) out += "  #pragma omp parallel for\n";
       out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", l0.var, l0.extent);
+      // Output elements are independent; without the pragma GCC -O2 will not vectorize a loop
+      // that needs a run-time alias check.
+      out += "  #pragma omp simd\n";
       out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", l1.var, l1.extent);
       emit_values(out, "    ");
     }
@@ -213,15 +220,19 @@ std::string CppKernelRenderer::render() {
     const char* acc_t = compute_type(acc_dtype);
     std::string init = is_sum ? "0" : (is_floating(acc_dtype) ? "-__builtin_inff()" : fmt::format("({})(-9223372036854775807LL - 1)", acc_t));
     if (!is_floating(acc_dtype) && !is_sum) {
-      init = acc_dtype == DType::Bool ? "false" : fmt::format("__INT{}_MIN__", dtype_size(acc_dtype) * 8);
+      // INT<bits>_MIN comes from the prelude's <stdint.h> (GCC predefines no __INT<bits>_MIN__).
+      init = acc_dtype == DType::Bool ? "false" : fmt::format("INT{}_MIN", dtype_size(acc_dtype) * 8);
       if (acc_dtype == DType::UInt8) init = "0";
     }
     std::string combine = is_sum ? fmt::format("acc += {};", result) : fmt::format("acc = KILN_MAX({}, acc);", result);
-    std::string clause = is_sum ? "reduction(+:acc)" : "reduction(max:acc)";
+    // OpenMP's built-in max drops NaN when it combines partial results (and GCC's simd version
+    // can lose every element): floats use the prelude's NaN-propagating kiln_max reduction.
+    std::string clause = is_sum ? "reduction(+:acc)"
+                                : (is_floating(acc_dtype) ? "reduction(kiln_max:acc)" : "reduction(max:acc)");
     bool has_outer = !k_.loops.empty() && k_.loops[0].role == Loop::Role::Parallel;
     std::string indent = "  ";
     if (has_outer) {
-      out += fmt::format("  #pragma omp parallel for {}\n", par_if);
+      if (parallel) out += "  #pragma omp parallel for\n";
       out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", k_.loops[0].var, k_.loops[0].extent);
       indent = "    ";
     }
@@ -232,7 +243,7 @@ std::string CppKernelRenderer::render() {
       const Loop& loop = k_.loops[l];
       bool innermost = l + 1 == k_.loops.size();
       if (!has_outer && l == first_reduce && k_.loops.size() == 1)
-        out += fmt::format("{}#pragma omp parallel for simd {} {}\n", inner_indent, clause, par_if);
+        out += fmt::format("{}#pragma omp {}simd {}\n", inner_indent, parallel_for, clause);
       else if (innermost && is_sum && is_floating(acc_dtype))
         out += fmt::format("{}#pragma omp simd {}\n", inner_indent, clause);
       out += fmt::format("{0}for (int64_t {1} = 0; {1} < {2}LL; ++{1}) {{\n", inner_indent, loop.var, loop.extent);
@@ -247,12 +258,12 @@ std::string CppKernelRenderer::render() {
     out += fmt::format("{}{}[{}] = {};\n", indent, buf(0), idx(k_.store_index), store_value(out_t, "acc"));
     if (has_outer) out += "  }\n";
   } else if (k_.kind == KernelKind::Scatter) {
-    out += fmt::format("  #pragma omp parallel for simd if({} > {})\n", k_.out_numel, kParallelThreshold);
+    out += fmt::format("  #pragma omp {}simd\n", k_.out_numel > kParallelThreshold ? "parallel for " : "");
     out += fmt::format("  for (int64_t z = 0; z < {}LL; ++z) {}[z] = {};\n", k_.out_numel, buf(0),
                        store_value(out_t, "0"));
     const Loop& l0 = k_.loops[0];
     const Loop& l1 = k_.loops[1];
-    out += fmt::format("  #pragma omp parallel for {}\n", par_if);
+    if (parallel) out += "  #pragma omp parallel for\n";
     out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", l0.var, l0.extent);
     out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", l1.var, l1.extent);
     emit_values(out, "    ");

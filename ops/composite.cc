@@ -19,18 +19,24 @@ Tensor sigmoid(const Tensor& x) { return reciprocal(1.0 + exp(-x)); }
 Tensor silu(const Tensor& x) { return x * sigmoid(x); }
 
 Tensor softmax(const Tensor& x, int64_t axis) {
+  axis = normalize_axis(axis, x.dim(), "softmax");  // so a bad axis names softmax, not max
   Tensor e = exp(x - max(x, {axis}, true));
   return e / sum(e, {axis}, true);
 }
 
 Tensor log_softmax(const Tensor& x, int64_t axis) {
+  axis = normalize_axis(axis, x.dim(), "log_softmax");
   Tensor shifted = x - max(x, {axis}, true);
   return shifted - log(sum(exp(shifted), {axis}, true));
 }
 
 Tensor logsumexp(const Tensor& x, std::vector<int64_t> axes, bool keepdim) {
+  if (x.dim() > 0)  // (a 0-d input's axes are checked by the reductions)
+    for (int64_t& axis : axes) axis = normalize_axis(axis, x.dim(), "logsumexp");
   // The max is a constant shift: no gradient needs to flow through it.
   Tensor m = max(x, axes, true).detach();
+  // An infinite max (e.g. a slice of all -inf) would give inf - inf = NaN: shift by 0 there.
+  m = where(eq(abs(m), scalar_like(INFINITY, m)), zeros_like(m), m);
   Tensor r = log(sum(exp(x - m), axes, true)) + m;
   if (keepdim) return r;
   return sum(r, axes, false);  // summing size-1 axes drops them

@@ -9,6 +9,11 @@ namespace kiln {
 
 namespace {
 std::vector<int64_t> normalize_axes(const Tensor& a, std::vector<int64_t> axes, const char* op) {
+  if (a.dim() == 0) {
+    // A 0-d tensor reduces over nothing; axis 0 (or -1) is accepted for it, as in PyTorch.
+    for (int64_t ax : axes) normalize_axis(ax, 1, op);
+    return {};
+  }
   if (axes.empty()) {
     for (size_t i = 0; i < a.dim(); ++i) axes.push_back(static_cast<int64_t>(i));
     return axes;
@@ -46,14 +51,24 @@ Tensor sum(const Tensor& a, std::vector<int64_t> axes, bool keepdim) {
 Tensor max(const Tensor& a, std::vector<int64_t> axes, bool keepdim) {
   return reduce(Op::ReduceMax, a, std::move(axes), keepdim, "max");
 }
-Tensor min(const Tensor& a, std::vector<int64_t> axes, bool keepdim) { return neg(max(neg(a), std::move(axes), keepdim)); }
+Tensor min(const Tensor& a, std::vector<int64_t> axes, bool keepdim) {
+  if (is_floating(a.dtype())) return neg(max(neg(a), std::move(axes), keepdim));
+  // Negation reverses the order of bool and unsigned values only modulo 2^bits (-0 == 0 is the
+  // largest uint8 then) and overflows at INT8_MIN: negate integers in int64 and cast back.
+  return cast(neg(max(neg(cast(a, DType::Int64)), std::move(axes), keepdim)), a.dtype());
+}
 
 Tensor mean(const Tensor& a, std::vector<int64_t> axes, bool keepdim) {
   auto norm = normalize_axes(a, axes, "mean");
   int64_t count = 1;
   for (int64_t ax : norm) count *= a.shape()[ax];
-  Tensor x = is_floating(a.dtype()) ? a : cast(a, DType::Float32);
-  return sum(x, norm, keepdim) * (1.0 / static_cast<double>(std::max<int64_t>(count, 1)));
+  // Integers average in float32; half types sum in float32 too, so a sum past 65504 does not
+  // overflow before it is divided.
+  DType t = a.dtype();
+  bool half = t == DType::Float16 || t == DType::BFloat16;
+  Tensor x = is_floating(t) && !half ? a : cast(a, DType::Float32);
+  Tensor m = sum(x, norm, keepdim) * (1.0 / static_cast<double>(std::max<int64_t>(count, 1)));
+  return half ? cast(m, t) : m;
 }
 
 Tensor var(const Tensor& a, std::vector<int64_t> axes, bool keepdim, bool unbiased) {
@@ -68,7 +83,8 @@ Tensor var(const Tensor& a, std::vector<int64_t> axes, bool keepdim, bool unbias
 Tensor argmax(const Tensor& a, int64_t axis, bool keepdim) {
   int ax = normalize_axis(axis, a.dim(), "argmax");
   int64_t n = a.shape()[ax];
-  Tensor is_max = eq(a, max(a, {ax}, true));
+  // A NaN is the maximum (max propagates it), and NaN != NaN: match it with ne(a, a).
+  Tensor is_max = logical_or(eq(a, max(a, {ax}, true)), ne(a, a));
   // The first maximum: smallest index among positions equal to the max.
   Tensor idx = iota(a.shape(), ax, DType::Int64);
   Tensor candidates = where(is_max, idx, full(a.shape(), static_cast<double>(n), DType::Int64));

@@ -43,32 +43,42 @@ std::vector<Tensor> make_inputs(const Values& values, const std::vector<Tensor>&
   return out;
 }
 
-double evaluate(const TensorFn& f, const Values& values, const std::vector<Tensor>& like, uint64_t seed) {
-  NoGradGuard no_grad;
-  return reduce_output(f(make_inputs(values, like, DType::Float64, false)), seed).item();
-}
-
 Values host_values(const std::vector<Tensor>& inputs) {
   Values values;
   for (const Tensor& t : inputs) values.push_back(t.to_doubles());
   return values;
 }
 
+struct Evaluation {
+  double loss;
+  Values grads;
+};
+
+// The reduced output and its gradients at `values`. The analytic gradient and every
+// finite-difference evaluation go through here, so all of them record one graph structure and,
+// after the first, hit the plan cache (one compiled module per check).
+Evaluation evaluate(const TensorFn& f, const Values& values, const std::vector<Tensor>& like, DType dtype,
+                    uint64_t seed) {
+  std::vector<Tensor> leaves = make_inputs(values, like, dtype, true);
+  Tensor loss = reduce_output(f(leaves), seed);
+  std::vector<Tensor> grads = grad(loss, leaves);
+  std::vector<Tensor> targets = grads;
+  targets.push_back(loss);
+  sync(targets);
+  Evaluation e{loss.item(), {}};
+  for (size_t i = 0; i < grads.size(); ++i) {
+    KILN_CHECK(grads[i].shape() == leaves[i].shape(), "gradcheck", "gradient {} of input {} has shape {}", i,
+               shape_str(leaves[i].shape()), shape_str(grads[i].shape()));
+    e.grads.push_back(grads[i].to_doubles());
+  }
+  return e;
+}
+
 }  // namespace
 
 std::vector<std::vector<double>> analytic_gradients(const TensorFn& f, const std::vector<Tensor>& inputs, DType dtype,
                                                     uint64_t weight_seed) {
-  std::vector<Tensor> leaves = make_inputs(host_values(inputs), inputs, dtype, true);
-  Tensor loss = reduce_output(f(leaves), weight_seed);
-  std::vector<Tensor> grads = grad(loss, leaves);
-  sync(grads);
-  Values out;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    KILN_CHECK(grads[i].shape() == leaves[i].shape(), "gradcheck", "gradient {} of input {} has shape {}", i,
-               shape_str(leaves[i].shape()), shape_str(grads[i].shape()));
-    out.push_back(grads[i].to_doubles());
-  }
-  return out;
+  return evaluate(f, host_values(inputs), inputs, dtype, weight_seed).grads;
 }
 
 GradcheckResult gradcheck(const TensorFn& f, const std::vector<Tensor>& inputs, const GradcheckOptions& options) {
@@ -76,9 +86,9 @@ GradcheckResult gradcheck(const TensorFn& f, const std::vector<Tensor>& inputs, 
   for (const Tensor& t : inputs)
     KILN_CHECK(t.dtype() == DType::Float64, "gradcheck", "inputs must be float64, got {}", t.str());
   Values point = host_values(inputs);
-  Values analytic = analytic_gradients(f, inputs, DType::Float64, options.weight_seed);
-
-  const double base = evaluate(f, point, inputs, options.weight_seed);
+  const Evaluation at_point = evaluate(f, point, inputs, DType::Float64, options.weight_seed);
+  const Values& analytic = at_point.grads;
+  const double base = at_point.loss;
   if (!std::isfinite(base)) {
     result.ok = false;
     result.report += fmt::format("f is not finite at the check point ({})\n", base);
@@ -91,9 +101,9 @@ GradcheckResult gradcheck(const TensorFn& f, const std::vector<Tensor>& inputs, 
     for (size_t j = 0; j < point[i].size(); ++j) {
       Values shifted = point;
       shifted[i][j] = point[i][j] + options.eps;
-      const double plus = evaluate(f, shifted, inputs, options.weight_seed);
+      const double plus = evaluate(f, shifted, inputs, DType::Float64, options.weight_seed).loss;
       shifted[i][j] = point[i][j] - options.eps;
-      const double minus = evaluate(f, shifted, inputs, options.weight_seed);
+      const double minus = evaluate(f, shifted, inputs, DType::Float64, options.weight_seed).loss;
       const double numeric = (plus - minus) / (2 * options.eps);
       const double a = analytic[i][j];
       const double allowed = options.atol + options.rtol * std::abs(numeric);

@@ -7,9 +7,10 @@
 //   CHECK(result.ok);
 //
 // A non-scalar output is reduced to sum(output * w) with fixed random weights w, so every output
-// element matters. Each finite-difference evaluation rebuilds the graph from new from_vector
-// inputs of the same shapes: the structure repeats, so after the first run every evaluation is a
-// plan-cache hit and only the data changes. Keep inputs small (a handful to ~30 elements).
+// element matters. Each finite-difference evaluation rebuilds the graph (forward and backward,
+// exactly as the analytic run) from new from_vector inputs of the same shapes: the structure
+// repeats, so one module is compiled per check and every other evaluation is a plan-cache hit.
+// Keep inputs small (a handful to ~30 elements): a check runs the graph 2 * elements + 1 times.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -62,25 +62,25 @@ static inline float kiln_tanhf(float x) {
   big = x < 0 ? -big : big;
   return a < 0.1f ? small : big;
 }
-// erf: one rational function x P(x^2) / Q(x^2) on [-4, 4] (the approximation Eigen and XLA use;
-// beyond 4, erf is 1 in float). Max error 4.5e-7 absolute and relative over all floats; one
-// division and no exp, about twice as fast as a two-branch formula once vectorized. Clamped so
-// |erf| never exceeds 1. NaN propagates through the comparisons.
+// erf: x P(x^2) / Q(x^2) on [-4, 4] (beyond 4, erf is 1 in float). Coefficients fitted for kiln
+// by iteratively reweighted least squares on relative error: max 3.5e-7 relative when evaluated in
+// float. One division and no exp, so it vectorizes; clamped so |erf| never exceeds 1.
 static inline float kiln_erff(float x) {
   float c = x < -4.0f ? -4.0f : (x > 4.0f ? 4.0f : x);
-  float x2 = c * c;
-  float p = -2.72614225801306e-10f;
-  p = p * x2 + 2.77068142495902e-08f;
-  p = p * x2 - 2.10102402082508e-06f;
-  p = p * x2 - 5.69250639462346e-05f;
-  p = p * x2 - 7.34990630326855e-04f;
-  p = p * x2 - 2.95459980854025e-03f;
-  p = p * x2 - 1.60960333262415e-02f;
-  float q = -1.45660718464996e-05f;
-  q = q * x2 - 2.13374055278905e-04f;
-  q = q * x2 - 1.68282697438203e-03f;
-  q = q * x2 - 7.37332916720468e-03f;
-  q = q * x2 - 1.42647390514189e-02f;
+  float z = c * c;
+  float p = -1.3173756604745287e-08f;
+  p = p * z + 4.6806406144515125e-06f;
+  p = p * z + 0.0003794239771022433f;
+  p = p * z + 0.003846896708382652f;
+  p = p * z + 0.054306011194403495f;
+  p = p * z + 0.18514519454067913f;
+  p = p * z + 1.1283791694439855f;
+  float q = 6.30736212661557e-05f;
+  q = q * z + 0.001306784038519625f;
+  q = q * z + 0.015455907081364977f;
+  q = q * z + 0.11393160572546802f;
+  q = q * z + 0.497414072204301f;
+  q = q * z + 1.0f;
   float r = c * p / q;
   return r < -1.0f ? -1.0f : (r > 1.0f ? 1.0f : r);
 }

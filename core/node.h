@@ -49,6 +49,10 @@ struct Node : std::enable_shared_from_this<Node> {
   bool grad_leaf = false;      // autograd stops here; gradient goes to `var`
   std::weak_ptr<Var> var;      // for grad leaves: the variable whose .grad() accumulates
   uint64_t id = next_id();
+  // Scratch space of graph walks (the executor's collect pass): valid when visit == the walk's
+  // epoch, so a walk needs no hash map.
+  uint64_t visit = 0;
+  int64_t visit_index = 0;
 
   bool realized() const { return storage != nullptr; }
   int64_t numel() const { return kiln::numel(shape); }

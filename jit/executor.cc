@@ -110,21 +110,23 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
     if (!s.slots[i].output) continue;
     Node* node = graph.nodes[s.slots[i].node].get();
     node->storage = storage[i];
-    if (!node->requires_grad) node->inputs.clear();
+    // Autograd stops at gradient leaves, so they never need their history (an assigned
+    // parameter would otherwise hold every previous training step).
+    if (!node->requires_grad || node->grad_leaf) node->inputs.clear();
   }
   for (const PlanAlias& alias : s.aliases) {
     Node* node = graph.nodes[alias.node].get();
     node->storage = storage[alias.slot];
-    if (!node->requires_grad) node->inputs.clear();
+    if (!node->requires_grad || node->grad_leaf) node->inputs.clear();
   }
 }
 
 }  // namespace
 
 void realize(const std::vector<NodePtr>& targets) {
+  std::lock_guard<std::mutex> lock(g_mutex);
   PendingGraph graph = collect_pending(targets);
   if (graph.nodes.empty()) return;
-  std::lock_guard<std::mutex> lock(g_mutex);
   Plan* plan = nullptr;
   std::unique_ptr<Plan> uncached;
   bool hit = false;

@@ -23,35 +23,41 @@ bool is_cheap_view(Op op) {
 }  // namespace
 
 PendingGraph collect_pending(const std::vector<NodePtr>& targets) {
+  // Callers serialize walks (the executor's lock), so one epoch counter suffices.
+  static uint64_t epoch = 0;
+  const uint64_t walk = ++epoch;
+  constexpr int64_t kOnStack = -1;
+  auto seen = [walk](const Node* n) { return n->visit == walk; };
   PendingGraph g;
-  std::unordered_map<Node*, int> position, external_position;
   std::vector<std::pair<Node*, size_t>> stack;
   for (const NodePtr& t : targets) {
-    if (t->realized() || position.count(t.get())) continue;
+    if (t->realized() || seen(t.get())) continue;
+    t->visit = walk;
+    t->visit_index = kOnStack;
     stack.push_back({t.get(), 0});
     while (!stack.empty()) {
       auto& [node, next] = stack.back();
       if (next < node->inputs.size()) {
         Node* in = node->inputs[next++].get();
+        if (seen(in)) continue;
+        in->visit = walk;
         if (in->realized()) {
-          if (!external_position.count(in)) {
-            external_position[in] = static_cast<int>(g.externals.size());
-            g.externals.push_back(in->shared_from_this());
-          }
-        } else if (!position.count(in)) {
-          position[in] = -1;  // on the stack
+          in->visit_index = static_cast<int64_t>(g.externals.size());
+          g.externals.push_back(in->shared_from_this());
+        } else {
+          in->visit_index = kOnStack;
           stack.push_back({in, 0});
         }
         continue;
       }
-      position[node] = static_cast<int>(g.nodes.size());
+      node->visit_index = static_cast<int64_t>(g.nodes.size());
       g.nodes.push_back(node->shared_from_this());
       stack.pop_back();
     }
   }
   std::vector<bool> is_output(g.nodes.size(), false);
   for (const NodePtr& t : targets)
-    if (!t->realized()) is_output[position[t.get()]] = true;
+    if (!t->realized()) is_output[t->visit_index] = true;
   for (size_t i = 0; i < g.nodes.size(); ++i)
     if (g.nodes[i]->held > 0 && !is_cheap_view(g.nodes[i]->op) && op_kind(g.nodes[i]->op) != OpKind::Leaf)
       is_output[i] = true;
@@ -59,20 +65,29 @@ PendingGraph collect_pending(const std::vector<NodePtr>& targets) {
     if (is_output[i]) g.outputs.push_back(static_cast<int>(i));
 
   // The structural key: everything that changes the generated code, nothing that is data.
-  fmt::memory_buffer key;
-  for (const NodePtr& e : g.externals)
-    fmt::format_to(std::back_inserter(key), "E{}{}[{}]", static_cast<int>(e->dtype), e->device.str(),
-                   fmt::join(e->shape, ","));
-  for (const NodePtr& n : g.nodes) {
-    fmt::format_to(std::back_inserter(key), "|{}:{}[{}]{{{}}}", static_cast<int>(n->op), static_cast<int>(n->dtype),
-                   fmt::join(n->shape, ","), fmt::join(n->ints, ","));
-    for (const NodePtr& in : n->inputs) {
-      if (in->realized()) fmt::format_to(std::back_inserter(key), "e{},", external_position[in.get()]);
-      else fmt::format_to(std::back_inserter(key), "p{},", position[in.get()]);
-    }
+  // Raw bytes, not text: this runs on every realize and must cost microseconds.
+  std::string& key = g.key;
+  key.reserve(64 * (g.nodes.size() + g.externals.size()));
+  auto put = [&key](int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  auto put_list = [&](const std::vector<int64_t>& values) {
+    put(static_cast<int64_t>(values.size()));
+    for (int64_t v : values) put(v);
+  };
+  for (const NodePtr& e : g.externals) {
+    put(static_cast<int64_t>(e->dtype) | static_cast<int64_t>(e->device.kind) << 8 | int64_t{e->device.index} << 16);
+    put_list(e->shape);
   }
-  fmt::format_to(std::back_inserter(key), "|O{}", fmt::join(g.outputs, ","));
-  g.key = fmt::to_string(key);
+  for (const NodePtr& n : g.nodes) {
+    put(static_cast<int64_t>(n->op) | static_cast<int64_t>(n->dtype) << 8 | static_cast<int64_t>(n->device.kind) << 16 |
+        int64_t{n->device.index} << 24);
+    put_list(n->shape);
+    put_list(n->ints);
+    put(static_cast<int64_t>(n->inputs.size()));
+    for (const NodePtr& in : n->inputs)
+      put(in->realized() ? -1 - in->visit_index : in->visit_index);
+  }
+  put(-1);
+  for (int o : g.outputs) put(o);
   return g;
 }
 
@@ -156,7 +171,13 @@ void Scheduler::decide_materialization() {
         }
         auto it = position.find(base);
         bool base_is_buffer = base->realized() || (it != position.end() && materialized[it->second]);
-        if (!pure_view || !base_is_buffer) need_buffer(in);
+        if (!pure_view) {
+          need_buffer(in);
+        } else if (!base_is_buffer) {
+          // Store the value under the views, so its other consumers (e.g. the backward's
+          // transposed matmul and an activation's gradient) read it instead of recomputing it.
+          materialized[it->second] = true;
+        }
       }
     }
   }

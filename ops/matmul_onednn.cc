@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <dnnl.hpp>
+#include <omp.h>
 
 #include "core/error.h"
 
@@ -207,6 +208,13 @@ void matmul(DType t, const void* a, const int64_t a_strides[3], const void* b,
     memory c_mem(plan->c_desc, rt.engine, c);
     {
       std::lock_guard<std::mutex> lock(rt.stream_mutex);
+      // Below ~1 MFLOP a product is faster on one thread than waking (or, on a busy machine,
+      // waiting for) the OpenMP team, as the JIT's kernels do.
+      struct SingleThread {
+        int saved;
+        explicit SingleThread(bool on) : saved(on ? omp_get_max_threads() : 0) { if (on) omp_set_num_threads(1); }
+        ~SingleThread() { if (saved > 0) omp_set_num_threads(saved); }
+      } single_thread(batch * M * N * K < (int64_t{1} << 20));
       plan->primitive.execute(rt.stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
       rt.stream.wait();
     }

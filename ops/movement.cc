@@ -53,6 +53,9 @@ Tensor expand(const Tensor& a, Shape shape) {
 Tensor broadcast_to(const Tensor& a, Shape shape) {
   if (a.shape() == shape) return a;
   broadcast_shapes(a.shape(), shape, "broadcast_to");
+  const NodePtr& n = a.node();
+  if (n->op == Op::Full && !n->realized() && !n->requires_grad && numel(a.shape()) == 1)
+    return full(std::move(shape), n->scalar, n->dtype);  // a constant of the wanted shape: one node, not three
   return expand(a, std::move(shape));
 }
 

@@ -77,6 +77,7 @@ struct Kernel {
   int value = -1;                     // expr stored / folded / scattered
   IndexExpr store_index;              // where value goes (Scatter: without the scattered axis)
   Op reduce_op = Op::ReduceSum;       // Reduce
+  bool column = false;                // Reduce: loops o (parallel), reduce axes, then i (inner)
   int scatter_index = -1;             // Scatter: expr giving the position along the axis
   int64_t scatter_stride = 0, scatter_extent = 0;
   int64_t out_numel = 0;

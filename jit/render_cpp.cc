@@ -106,6 +106,8 @@ class CppKernelRenderer {
   std::string expr_text(int id, const Expr& e) const;
   void emit_values(std::string& out, const std::string& indent) const;
   std::string v(int id) const { return fmt::format("v{}", id); }
+  void render_column_reduce(std::string& out, const char* acc_t, const std::string& init, bool is_sum,
+                            bool parallel) const;
 
   const Kernel& k_;
 };
@@ -173,6 +175,42 @@ void CppKernelRenderer::emit_values(std::string& out, const std::string& indent)
   }
 }
 
+// Loops: chunks of the output's last axis (parallel) x reduce axes x the chunk (vectorized),
+// with an accumulator array per chunk, so every load in the inner loop is contiguous.
+void CppKernelRenderer::render_column_reduce(std::string& out, const char* acc_t, const std::string& init,
+                                             bool is_sum, bool parallel) const {
+  constexpr int64_t kChunk = 128;
+  const Loop& outer = k_.loops.front();
+  const Loop& inner = k_.loops.back();
+  const int64_t chunks = (inner.extent + kChunk - 1) / kChunk;
+  if (parallel) out += "  #pragma omp parallel for\n";
+  out += fmt::format("  for (int64_t t = 0; t < {}LL; ++t) {{\n", outer.extent * chunks);
+  out += fmt::format("    const int64_t {} = t / {}LL, c0 = (t % {}LL) * {}LL;\n", outer.var, chunks, chunks, kChunk);
+  out += fmt::format("    const int64_t cn = {}LL - c0 < {}LL ? {}LL - c0 : {}LL;\n", inner.extent, kChunk, inner.extent, kChunk);
+  out += fmt::format("    {} acc[{}];\n    for (int64_t j = 0; j < cn; ++j) acc[j] = {};\n", acc_t, kChunk, init);
+  std::string indent = "    ";
+  for (size_t l = 1; l + 1 < k_.loops.size(); ++l) {
+    out += fmt::format("{0}for (int64_t {1} = 0; {1} < {2}LL; ++{1}) {{\n", indent, k_.loops[l].var, k_.loops[l].extent);
+    indent += "  ";
+  }
+  out += indent + "#pragma omp simd\n";
+  out += fmt::format("{}for (int64_t j = 0; j < cn; ++j) {{\n", indent);
+  out += fmt::format("{}  const int64_t {} = c0 + j;\n", indent, inner.var);
+  emit_values(out, indent + "  ");
+  std::string result = v(k_.value);
+  out += fmt::format("{}  {}\n", indent,
+                     is_sum ? fmt::format("acc[j] += {};", result) : fmt::format("acc[j] = KILN_MAX({}, acc[j]);", result));
+  out += indent + "}\n";
+  for (size_t l = 1; l + 1 < k_.loops.size(); ++l) {
+    indent.resize(indent.size() - 2);
+    out += indent + "}\n";
+  }
+  out += "    for (int64_t j = 0; j < cn; ++j) {\n";
+  out += fmt::format("      const int64_t {} = c0 + j;\n", inner.var);
+  out += fmt::format("      {}[{}] = {};\n", buf(0), idx(k_.store_index), store_value(k_.buffers[0].dtype, "acc[j]"));
+  out += "    }\n  }\n";
+}
+
 std::string CppKernelRenderer::render() {
   std::string out;
   out += fmt::format("// {}\nextern \"C\" void {}(void* const* bufs, const double* sc, const int64_t* isc, int64_t* err) {{\n",
@@ -229,6 +267,11 @@ std::string CppKernelRenderer::render() {
     // can lose every element): floats use the prelude's NaN-propagating kiln_max reduction.
     std::string clause = is_sum ? "reduction(+:acc)"
                                 : (is_floating(acc_dtype) ? "reduction(kiln_max:acc)" : "reduction(max:acc)");
+    if (k_.column) {
+      render_column_reduce(out, acc_t, init, is_sum, parallel);
+      out += "}\n";
+      return out;
+    }
     bool has_outer = !k_.loops.empty() && k_.loops[0].role == Loop::Role::Parallel;
     std::string indent = "  ";
     if (has_outer) {

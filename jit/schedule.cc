@@ -438,7 +438,27 @@ Kernel build_reduce(const Scheduler& s, const Node* node, int slot, bool flat) {
   const Shape& in_shape = in->shape;
   k.out_numel = node->numel();
   std::vector<IndexExpr> idx;
-  if (k.out_numel == 1 && flat) {
+  const int64_t last = in_shape.empty() ? 1 : in_shape.back();
+  const bool last_reduced =
+      std::find(node->ints.begin(), node->ints.end(), static_cast<int64_t>(in_shape.size()) - 1) != node->ints.end();
+  if (k.out_numel > 1 && !in_shape.empty() && !last_reduced && last > 1) {
+    // Reducing over outer axes of rows (e.g. a bias gradient [B, N] -> [1, N]): the contiguous
+    // last axis becomes the vectorized inner loop, with one accumulator per element of it.
+    k.column = true;
+    int64_t outer = k.out_numel / last;
+    IndexExpr o = k.ctx.var("o", outer), i = k.ctx.var("i", last);
+    k.loops.push_back({"o", outer, Loop::Role::Parallel});
+    Shape outer_shape(node->shape.begin(), node->shape.end() - 1);
+    idx = unflatten(k.ctx, o, outer_shape);
+    idx.push_back(i);
+    for (int64_t ax : node->ints) {
+      std::string name = fmt::format("r{}", ax);
+      idx[ax] = k.ctx.var(name, in_shape[ax]);
+      k.loops.push_back({name, in_shape[ax], Loop::Role::Reduce});
+    }
+    k.loops.push_back({"i", last, Loop::Role::Inner});
+    k.store_index = k.ctx.add(k.ctx.scale(o, last), i);
+  } else if (k.out_numel == 1 && flat) {
     IndexExpr r = k.ctx.var("r", in->numel());
     k.loops = {{"r", in->numel(), Loop::Role::Reduce}};
     idx = unflatten(k.ctx, r, in_shape);

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
@@ -12,6 +13,7 @@
 #include "jit/render_cpp.h"
 #include "jit/schedule.h"
 #include "memory/allocator.h"
+#include "memory/planner.h"
 #include "ops/matmul_onednn.h"
 
 namespace kiln::jit {
@@ -24,10 +26,75 @@ struct Plan {
   std::vector<KernelFn> fns;        // per kernel; null for library calls
   std::vector<int> last_use;        // per slot: last kernel reading or writing it
   std::vector<int> producer;        // per slot: kernel writing it (-1 for externals)
+  std::vector<int64_t> offset;      // per slot: arena offset of an intermediate, -1 otherwise
+  memory::MemoryPlan memory;
+  // Per kernel: arena ranges whose buffers die there (poisoned under KILN_DEBUG_MEMORY).
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> dies_after;
+  int64_t output_bytes = 0;
+  std::shared_ptr<PlanMemoryInfo> info = std::make_shared<PlanMemoryInfo>();
 };
+
+// Whether kernel `k` may write its output over input buffer `b`: an elementwise kernel that
+// reads that buffer only at the element it writes (so each element is read before it is written).
+bool reads_only_in_place(const Kernel& k, int b) {
+  if (k.kind != KernelKind::Elementwise) return false;
+  std::string store = k.ctx.render(k.store_index);
+  for (const Expr& e : k.exprs) {
+    if (e.buffer != b) continue;
+    if (e.kind != Expr::Kind::Load || k.ctx.render(e.index) != store) return false;
+  }
+  return true;
+}
+
+// Intermediates get offsets in one arena; outputs and externals live in their own storage.
+void plan_buffers(Plan& plan) {
+  const Schedule& s = plan.schedule;
+  auto bytes_of = [&](int slot) { return s.slots[slot].numel * static_cast<int64_t>(dtype_size(s.slots[slot].dtype)); };
+  auto intermediate = [&](int slot) { return s.slots[slot].external < 0 && !s.slots[slot].keep; };
+  std::vector<memory::BufferRequest> requests;
+  std::vector<int> request_of(s.slots.size(), -1), slot_of_request;
+  for (size_t k = 0; k < s.kernels.size(); ++k) {
+    const Kernel& kernel = s.kernels[k];
+    int out = kernel.buffers[0].slot;
+    if (!intermediate(out)) {
+      plan.output_bytes += bytes_of(out);
+      continue;
+    }
+    memory::BufferRequest r{bytes_of(out), static_cast<int>(k), plan.last_use[out], -1};
+    for (size_t b = 1; b < kernel.buffers.size(); ++b) {
+      int in = kernel.buffers[b].slot;
+      if (intermediate(in) && plan.last_use[in] == static_cast<int>(k) && bytes_of(in) == bytes_of(out) &&
+          request_of[in] >= 0 && reads_only_in_place(kernel, static_cast<int>(b))) {
+        r.in_place_of = request_of[in];
+        break;
+      }
+    }
+    request_of[out] = static_cast<int>(requests.size());
+    slot_of_request.push_back(out);
+    requests.push_back(r);
+  }
+  plan.memory = memory::plan_memory(requests);
+  for (const Kernel& k : s.kernels) plan.info->kernels.push_back(k.summary);
+  for (size_t i = 0; i < requests.size(); ++i)
+    plan.info->buffers.push_back({plan.memory.offsets[i], requests[i].bytes, requests[i].first, requests[i].last,
+                                 requests[i].in_place_of, s.kernels[requests[i].first].summary});
+  plan.info->arena_bytes = plan.memory.arena_bytes;
+  plan.info->lower_bound = plan.memory.lower_bound;
+  plan.offset.assign(s.slots.size(), -1);
+  plan.dies_after.assign(s.kernels.size(), {});
+  std::vector<bool> handed_on(requests.size(), false);
+  for (const auto& r : requests)
+    if (r.in_place_of >= 0 && plan.memory.offsets[&r - requests.data()] == plan.memory.offsets[r.in_place_of])
+      handed_on[r.in_place_of] = true;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    plan.offset[slot_of_request[i]] = plan.memory.offsets[i];
+    if (!handed_on[i]) plan.dies_after[requests[i].last].push_back({plan.memory.offsets[i], requests[i].bytes});
+  }
+}
 
 std::mutex g_mutex;
 std::unordered_map<std::string, std::unique_ptr<Plan>> g_plans;
+std::shared_ptr<const PlanMemoryInfo> g_last_memory;
 
 std::unique_ptr<Plan> build_plan(const PendingGraph& graph) {
   auto plan = std::make_unique<Plan>();
@@ -41,6 +108,8 @@ std::unique_ptr<Plan> build_plan(const PendingGraph& graph) {
     plan->producer[s.kernels[k].buffers[0].slot] = static_cast<int>(k);
     jit_kernels += s.kernels[k].kind != KernelKind::Matmul;
   }
+  plan_buffers(*plan);
+  plan->info->output_bytes = plan->output_bytes;
   plan->fns.assign(s.kernels.size(), nullptr);
   if (jit_kernels > 0) {
     plan->module = compile_cached(render_cpp(s.kernels), jit_kernels);
@@ -80,13 +149,23 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
   scalars.push_back(0);
   int_scalars.push_back(0);
   if (flags().num_threads > 0) omp_set_num_threads(flags().num_threads);
+  // One arena holds every intermediate; the pool hands the same memory back run after run.
+  std::shared_ptr<Storage> arena;
+  if (plan.memory.arena_bytes > 0) {
+    arena = memory::allocate_storage(static_cast<size_t>(plan.memory.arena_bytes), Device::cpu());
+    for (size_t i = 0; i < s.slots.size(); ++i)
+      if (plan.offset[i] >= 0) ptrs[i] = static_cast<char*>(arena->data) + plan.offset[i];
+  }
+  const bool poison = flags().debug_memory;
 
   for (size_t k = 0; k < s.kernels.size(); ++k) {
     const Kernel& kernel = s.kernels[k];
     int out_slot = kernel.buffers[0].slot;
     const PlanSlot& slot = s.slots[out_slot];
-    storage[out_slot] = memory::allocate_storage(static_cast<size_t>(slot.numel) * dtype_size(slot.dtype), Device::cpu());
-    ptrs[out_slot] = storage[out_slot]->data;
+    if (plan.offset[out_slot] < 0) {
+      storage[out_slot] = memory::allocate_storage(static_cast<size_t>(slot.numel) * dtype_size(slot.dtype), Device::cpu());
+      ptrs[out_slot] = storage[out_slot]->data;
+    }
     auto start = std::chrono::steady_clock::now();
     int64_t error[2] = {0, 0};
     if (kernel.kind == KernelKind::Matmul) run_matmul(kernel, ptrs.data());
@@ -99,11 +178,8 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
     KILN_CHECK(error[1] == 0, "gather/scatter_add",
                "index {} is out of range in kernel `{}`; indices must lie in [0, size) of the indexed dimension",
                error[0], kernel.summary);
-    for (const KernelBuffer& b : kernel.buffers)
-      if (plan.last_use[b.slot] == static_cast<int>(k) && !s.slots[b.slot].keep && s.slots[b.slot].external < 0) {
-        storage[b.slot].reset();
-        ptrs[b.slot] = nullptr;
-      }
+    if (poison)  // dead buffers read as NaN: a use after free shows up in the results
+      for (auto [offset, bytes] : plan.dies_after[k]) std::memset(static_cast<char*>(arena->data) + offset, 0xff, bytes);
   }
   // Commit only after every kernel succeeded: a failed run leaves all tensors as they were.
   for (size_t i = 0; i < s.slots.size(); ++i) {
@@ -147,8 +223,14 @@ void realize(const std::vector<NodePtr>& targets) {
                graph.externals.size(), plan->schedule.kernels.size(), hit ? "hit" : "miss");
   if (flags().log >= 1 && !hit)
     for (const Kernel& k : plan->schedule.kernels) fmt::print(stderr, "[kiln]   {:<10} {}\n", k.name, k.summary);
+  g_last_memory = plan->info;
   run_plan(*plan, graph);
   if (uncached && flags().plan_cache) g_plans.emplace(graph.key, std::move(uncached));
+}
+
+PlanMemoryInfo last_plan_memory() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_last_memory ? *g_last_memory : PlanMemoryInfo{};
 }
 
 void clear_plan_cache() {

@@ -8,4 +8,6 @@
 #include "core/tensor.h"
 #include "jit/compiler.h"
 #include "jit/executor.h"
+#include "memory/allocator.h"
+#include "memory/pool.h"
 #include "ops/ops.h"

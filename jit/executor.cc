@@ -14,6 +14,7 @@
 #include "jit/schedule.h"
 #include "memory/allocator.h"
 #include "memory/planner.h"
+#include "memory/pool.h"
 #include "ops/matmul_onednn.h"
 
 namespace kiln::jit {
@@ -31,7 +32,7 @@ struct Plan {
   // Per kernel: arena ranges whose buffers die there (poisoned under KILN_DEBUG_MEMORY).
   std::vector<std::vector<std::pair<int64_t, int64_t>>> dies_after;
   int64_t output_bytes = 0;
-  std::shared_ptr<PlanMemoryInfo> info = std::make_shared<PlanMemoryInfo>();
+  std::shared_ptr<memory::PlanLayout> info = std::make_shared<memory::PlanLayout>();
 };
 
 // Whether kernel `k` may write its output over input buffer `b`: an elementwise kernel that
@@ -94,7 +95,6 @@ void plan_buffers(Plan& plan) {
 
 std::mutex g_mutex;
 std::unordered_map<std::string, std::unique_ptr<Plan>> g_plans;
-std::shared_ptr<const PlanMemoryInfo> g_last_memory;
 
 std::unique_ptr<Plan> build_plan(const PendingGraph& graph) {
   auto plan = std::make_unique<Plan>();
@@ -110,6 +110,7 @@ std::unique_ptr<Plan> build_plan(const PendingGraph& graph) {
   }
   plan_buffers(*plan);
   plan->info->output_bytes = plan->output_bytes;
+  memory::note_plan(plan->info);
   plan->fns.assign(s.kernels.size(), nullptr);
   if (jit_kernels > 0) {
     plan->module = compile_cached(render_cpp(s.kernels), jit_kernels);
@@ -171,9 +172,12 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
     if (kernel.kind == KernelKind::Matmul) run_matmul(kernel, ptrs.data());
     else plan.fns[k](ptrs.data(), scalars.data(), int_scalars.data(), error);
     stats().kernels_run++;
-    if (flags().log >= 2) {
+    if (flags().log >= 2 || memory::tracing()) {
       double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-      fmt::print(stderr, "[kiln]   {:<10} {:>9.1f} us  {}\n", kernel.name, us, kernel.summary);
+      if (flags().log >= 2) fmt::print(stderr, "[kiln]   {:<10} {:>9.1f} us  {}\n", kernel.name, us, kernel.summary);
+      if (memory::tracing())
+        memory::record_kernel({kernel.summary, memory::trace_clock_us() - us, us, memory::allocated_bytes(),
+                               memory::pool_stats().reserved.current});
     }
     KILN_CHECK(error[1] == 0, "gather/scatter_add",
                "index {} is out of range in kernel `{}`; indices must lie in [0, size) of the indexed dimension",
@@ -223,14 +227,14 @@ void realize(const std::vector<NodePtr>& targets) {
                graph.externals.size(), plan->schedule.kernels.size(), hit ? "hit" : "miss");
   if (flags().log >= 1 && !hit)
     for (const Kernel& k : plan->schedule.kernels) fmt::print(stderr, "[kiln]   {:<10} {}\n", k.name, k.summary);
-  g_last_memory = plan->info;
+  memory::note_plan_run(plan->info);
   run_plan(*plan, graph);
   if (uncached && flags().plan_cache) g_plans.emplace(graph.key, std::move(uncached));
 }
 
-PlanMemoryInfo last_plan_memory() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  return g_last_memory ? *g_last_memory : PlanMemoryInfo{};
+memory::PlanLayout last_plan_memory() {
+  auto layout = memory::last_plan();
+  return layout ? *layout : memory::PlanLayout{};
 }
 
 void clear_plan_cache() {

@@ -110,7 +110,7 @@ TEST_CASE("planner: an MLP training step is planned within 5% of its lower bound
   Tensor x = randn({32, 64}).realize();
   Tensor y = from_vector<int64_t>(std::vector<int64_t>(32, 3), {32});
   mlp_step(params, x, y, 0.1);
-  jit::PlanMemoryInfo info = jit::last_plan_memory();
+  memory::PlanLayout info = jit::last_plan_memory();
   REQUIRE(info.buffers.size() > 5);
   check_disjoint(info.buffers, [&](size_t i) { return info.buffers[i].offset; });
   INFO("arena " << info.arena_bytes << " lower bound " << info.lower_bound);
@@ -142,7 +142,7 @@ TEST_CASE("planner: elementwise chains update intermediates in place", "[planner
   Tensor y = matmul(x, x);
   Tensor z = sum(exp(matmul(y * 0.001, x)) * 2.0);
   z.realize();
-  jit::PlanMemoryInfo info = jit::last_plan_memory();
+  memory::PlanLayout info = jit::last_plan_memory();
   int in_place = 0;
   for (const auto& b : info.buffers) in_place += b.in_place_of >= 0;
   CHECK(in_place >= 1);

@@ -1,0 +1,50 @@
+// What the memory tools read: the layout of each plan the executor built (its arena, every
+// intermediate's offset and lifetime) and, while tracing, a timeline of kernels with memory use.
+// The executor writes these; memory/report.h turns them into a report, a trace and pictures.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kiln::memory {
+
+struct PlannedBuffer {
+  int64_t offset = 0, bytes = 0;
+  int first = 0, last = 0;  // kernels that write it and last read it
+  int in_place_of = -1;     // index of the buffer whose memory it took over, if any
+  std::string made_by;      // summary of the kernel that writes it
+};
+
+// One plan's memory: intermediates share an arena; outputs (results kept by tensors) do not.
+struct PlanLayout {
+  std::vector<std::string> kernels;  // kernel summaries in run order
+  std::vector<PlannedBuffer> buffers;
+  int64_t arena_bytes = 0;
+  int64_t lower_bound = 0;   // most bytes live during one kernel
+  int64_t output_bytes = 0;
+  uint64_t runs = 0;         // how many times the plan ran
+};
+
+// Called by the executor when it builds a plan; the most recent plans are kept for reports.
+void note_plan(std::shared_ptr<PlanLayout> layout);
+std::vector<std::shared_ptr<const PlanLayout>> recent_plans();
+std::shared_ptr<const PlanLayout> last_plan();  // the plan the most recent realize ran
+void note_plan_run(const std::shared_ptr<PlanLayout>& layout);
+
+struct KernelEvent {
+  std::string name;
+  double start_us = 0, duration_us = 0;  // since the trace started
+  int64_t tensor_bytes = 0;              // allocated tensor bytes after the kernel
+  int64_t reserved_bytes = 0;            // pool reserve after the kernel
+};
+
+// Timeline recording (off by default: it costs a clock read and a push per kernel).
+void start_trace();
+void stop_trace();
+bool tracing();
+double trace_clock_us();  // microseconds since start_trace()
+void record_kernel(KernelEvent event);
+std::vector<KernelEvent> trace_events();
+
+}  // namespace kiln::memory

@@ -3,6 +3,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "memory/recompute.h"
 #include "ops/ops.h"
 
 namespace kiln {
@@ -10,9 +11,10 @@ namespace kiln {
 namespace {
 thread_local bool g_grad_enabled = true;
 
-// Nodes between `root` and the gradient leaves, inputs before consumers.
-std::vector<Node*> autograd_order(Node* root) {
-  std::vector<Node*> order;
+// Nodes between `root` and the gradient leaves, inputs before consumers. Owning pointers: the
+// sweep may free the history of realized nodes while the caller still reads the results.
+std::vector<NodePtr> autograd_order(Node* root) {
+  std::vector<NodePtr> order;
   std::unordered_set<Node*> seen;
   std::vector<std::pair<Node*, size_t>> stack{{root, 0}};
   seen.insert(root);
@@ -23,14 +25,24 @@ std::vector<Node*> autograd_order(Node* root) {
       if (in->requires_grad && seen.insert(in).second) stack.push_back({in, 0});
       continue;
     }
-    order.push_back(node);
+    order.push_back(node->shared_from_this());
     stack.pop_back();
   }
   return order;
 }
 
+struct Backward {
+  std::vector<NodePtr> order;                 // keeps every visited node alive
+  std::unordered_map<Node*, Tensor> grads;    // the gradient reaching each of them
+};
+
 // Runs the backward sweep and returns the gradient reaching every visited node.
-std::unordered_map<Node*, Tensor> backpropagate(const Tensor& output, const Tensor& grad_output) {
+Backward backpropagate(const Tensor& output, const Tensor& grad_output, bool retain_graph) {
+  const NodePtr& root = output.node();
+  KILN_CHECK(!(root->backward_done && root->inputs.empty() && !root->grad_leaf), "grad",
+             "the graph behind {} was already used by a backward pass and freed; compute every gradient "
+             "you need before realizing, or pass retain_graph = true to the first grad()/backward()",
+             output.str());
   KILN_CHECK(output.requires_grad(), "grad",
              "the output {} does not depend on any tensor with requires_grad; mark parameters with "
              "requires_grad_() before computing the output",
@@ -45,15 +57,22 @@ std::unordered_map<Node*, Tensor> backpropagate(const Tensor& output, const Tens
   KILN_CHECK(seed.shape() == output.shape(), "grad", "grad_output shape {} differs from output shape {}",
              shape_str(seed.shape()), shape_str(output.shape()));
   NoGradGuard no_grad;
-  std::unordered_map<Node*, Tensor> grads;
+  Backward result;
+  auto& grads = result.grads;
   grads[output.node().get()] = cast(seed, output.dtype());
-  std::vector<Node*> order = autograd_order(output.node().get());
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    Node* node = *it;
+  result.order = autograd_order(output.node().get());
+  // Inside checkpoint segments the rules read recomputed copies (memory/recompute.h), so the
+  // forward originals serve only the forward and die early.
+  std::unordered_map<Node*, NodePtr> recomputed;
+  for (auto it = result.order.rbegin(); it != result.order.rend(); ++it) {
+    Node* node = it->get();
     if (node->grad_leaf || node->inputs.empty()) continue;
     auto found = grads.find(node);
     if (found == grads.end()) continue;
-    std::vector<Tensor> in_grads = grad_rule(node->op)(node->shared_from_this(), found->second);
+    if (node->segment && !recomputed.count(node)) memory::recompute_segment(*node->segment, recomputed);
+    auto copy = recomputed.find(node);
+    NodePtr rule_node = copy != recomputed.end() ? copy->second : node->shared_from_this();
+    std::vector<Tensor> in_grads = grad_rule(node->op)(rule_node, found->second);
     for (size_t i = 0; i < node->inputs.size() && i < in_grads.size(); ++i) {
       Node* in = node->inputs[i].get();
       if (!in->requires_grad || !in_grads[i].defined()) continue;
@@ -61,7 +80,13 @@ std::unordered_map<Node*, Tensor> backpropagate(const Tensor& output, const Tens
       if (!inserted) slot->second = add(slot->second, in_grads[i]);
     }
   }
-  return grads;
+  if (!retain_graph)
+    for (const NodePtr& node : result.order) {
+      if (node->grad_leaf) continue;
+      node->backward_done = true;
+      if (node->realized()) node->inputs.clear();  // its value is all the backward graph reads
+    }
+  return result;
 }
 }  // namespace
 
@@ -69,8 +94,10 @@ bool grad_enabled() { return g_grad_enabled; }
 NoGradGuard::NoGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { g_grad_enabled = previous_; }
 
-std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs, const Tensor& grad_output) {
-  auto grads = backpropagate(output, grad_output);
+std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs, const Tensor& grad_output,
+                         bool retain_graph) {
+  Backward backward = backpropagate(output, grad_output, retain_graph);
+  auto& grads = backward.grads;
   std::vector<Tensor> result;
   NoGradGuard no_grad;
   for (const Tensor& in : inputs) {
@@ -80,10 +107,10 @@ std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs
   return result;
 }
 
-void Tensor::backward() const {
-  auto grads = backpropagate(*this, {});
+void Tensor::backward(bool retain_graph) const {
+  Backward backward = backpropagate(*this, {}, retain_graph);
   NoGradGuard no_grad;
-  for (auto& [node, g] : grads) {
+  for (auto& [node, g] : backward.grads) {
     if (!node->grad_leaf) continue;
     std::shared_ptr<Var> v = node->var.lock();
     if (!v || v->node.get() != node) continue;

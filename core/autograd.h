@@ -25,8 +25,10 @@ class NoGradGuard {
 
 // d(output)/d(input) for each input; `output` must have one element unless `grad_output` is
 // given. Inputs the output does not depend on get zeros.
+// As in PyTorch, the graph behind `output` is consumed: once its nodes are realized they drop
+// their history, so a second backward through it is an error; pass retain_graph to keep it.
 std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs,
-                         const Tensor& grad_output = {});
+                         const Tensor& grad_output = {}, bool retain_graph = false);
 
 // Gradient rule of one primitive: given the node and the gradient of its output, returns the
 // gradient of each input (undefined where an input gets none). Defined in ops/grad_rules.cc.

@@ -32,6 +32,15 @@ struct Var;
 struct Node;
 using NodePtr = std::shared_ptr<Node>;
 
+// One kiln::checkpoint call (memory/recompute.h): the nodes its function recorded (ids strictly
+// between first_id and last_id) lie between `inputs` and `outputs`; autograd recomputes them
+// instead of keeping them for the backward.
+struct CheckpointSegment {
+  std::vector<NodePtr> inputs;
+  std::vector<std::weak_ptr<Node>> outputs;  // weak: the outputs point here
+  uint64_t first_id = 0, last_id = 0;
+};
+
 struct Node : std::enable_shared_from_this<Node> {
   Op op = Op::Input;
   DType dtype = DType::Float32;
@@ -47,7 +56,15 @@ struct Node : std::enable_shared_from_this<Node> {
   int held = 0;                // how many Vars (user handles) point here
   bool requires_grad = false;  // a gradient leaf is upstream of this node
   bool grad_leaf = false;      // autograd stops here; gradient goes to `var`
+  bool backward_done = false;  // a backward pass was built through this node: once realized it
+                               // needs no history (PyTorch's retain_graph=False)
+  std::weak_ptr<Node> replaces;  // set by assign(): the variable's previous value, whose buffer
+                                 // the executor may update in place when nothing else can see it
   std::weak_ptr<Var> var;      // for grad leaves: the variable whose .grad() accumulates
+  // Recomputation: set on each output of a checkpoint segment; `recompute` marks a copy of a
+  // forward node made for the backward, which the executor computes as late as it can.
+  std::shared_ptr<const CheckpointSegment> segment;
+  bool recompute = false;
   uint64_t id = next_id();
   // Scratch space of graph walks (the executor's collect pass): valid when visit == the walk's
   // epoch, so a walk needs no hash map.

@@ -109,6 +109,7 @@ void Tensor::assign(const Tensor& value) {
   node->requires_grad = var_->requires_grad;
   node->grad_leaf = var_->requires_grad;
   node->var = var_;
+  node->replaces = var_->node;
   var_->set(node);
   if (!flags().lazy) realize();
 }

@@ -45,7 +45,8 @@ class Tensor {
   Tensor grad() const;                     // undefined until backward() reaches this leaf
   void set_grad(const Tensor& g);
   void zero_grad();
-  void backward() const;                   // accumulates d(this)/d(leaf) into every leaf's grad()
+  // Accumulates d(this)/d(leaf) into every leaf's grad(); consumes the graph unless retained.
+  void backward(bool retain_graph = false) const;
   Tensor detach() const;                   // same value, no gradient history
 
   // Points this variable (and every handle sharing it) at a new value, recorded lazily. Used by

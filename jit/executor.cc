@@ -15,6 +15,7 @@
 #include "memory/allocator.h"
 #include "memory/planner.h"
 #include "memory/pool.h"
+#include "memory/recompute.h"
 #include "ops/matmul_onednn.h"
 
 namespace kiln::jit {
@@ -32,6 +33,9 @@ struct Plan {
   // Per kernel: arena ranges whose buffers die there (poisoned under KILN_DEBUG_MEMORY).
   std::vector<std::vector<std::pair<int64_t, int64_t>>> dies_after;
   int64_t output_bytes = 0;
+  // Parameter updates whose result may overwrite the old value's buffer: {output slot, external
+  // slot}. Legal for the plan's structure; run_plan also checks nobody else can see the old value.
+  std::vector<std::pair<int, int>> updates;
   std::shared_ptr<memory::PlanLayout> info = std::make_shared<memory::PlanLayout>();
 };
 
@@ -96,6 +100,84 @@ void plan_buffers(Plan& plan) {
 std::mutex g_mutex;
 std::unordered_map<std::string, std::unique_ptr<Plan>> g_plans;
 
+// Kernels that check their input (an index out of range) and may end a run with an error.
+bool can_fail(const Kernel& k) {
+  if (k.kind == KernelKind::Scatter) return true;
+  for (const Expr& e : k.exprs)
+    if (e.kind == Expr::Kind::GatherLoad) return true;
+  return false;
+}
+
+// An update `p.assign(f(p, ...))` can write straight into p's buffer when its kernel reads p only
+// at the element it writes, no later kernel reads p, and no later kernel can fail (a failed run
+// must leave every tensor as it was).
+void find_in_place_updates(Plan& plan, const PendingGraph& graph) {
+  const Schedule& s = plan.schedule;
+  std::vector<int> output_index(graph.nodes.size(), -1);
+  for (size_t i = 0; i < graph.outputs.size(); ++i) output_index[graph.outputs[i]] = static_cast<int>(i);
+  std::vector<int> external_slot(graph.externals.size(), -1);
+  for (size_t i = 0; i < s.slots.size(); ++i)
+    if (s.slots[i].external >= 0) external_slot[s.slots[i].external] = static_cast<int>(i);
+  int last_fallible = -1;
+  for (size_t k = 0; k < s.kernels.size(); ++k)
+    if (can_fail(s.kernels[k])) last_fallible = static_cast<int>(k);
+  for (size_t k = 0; k < s.kernels.size(); ++k) {
+    const Kernel& kernel = s.kernels[k];
+    int out = kernel.buffers[0].slot;
+    if (s.slots[out].node < 0 || !s.slots[out].output || kernel.kind != KernelKind::Elementwise) continue;
+    int oi = output_index[s.slots[out].node];
+    if (oi < 0 || graph.replaced_external[oi] < 0) continue;
+    int ext = external_slot[graph.replaced_external[oi]];
+    if (ext < 0 || s.slots[ext].dtype != s.slots[out].dtype || s.slots[ext].numel != s.slots[out].numel) continue;
+    if (plan.last_use[ext] > static_cast<int>(k) || last_fallible > static_cast<int>(k)) continue;
+    bool reads_ok = true;
+    for (size_t b = 1; b < kernel.buffers.size(); ++b)
+      if (kernel.buffers[b].slot == ext) reads_ok = reads_only_in_place(kernel, static_cast<int>(b));
+    if (reads_ok) plan.updates.push_back({out, ext});
+  }
+}
+
+// Whether nothing outside this run can observe the old value of external `e`: no handle, no
+// other node, and no node of this graph that keeps its history after the run.
+bool old_value_unobserved(const PendingGraph& graph, int e) {
+  const NodePtr& old = graph.externals[e];
+  // Storage owners: the node and run_plan's binding table.
+  if (old->held > 0 || old->storage.use_count() != 2) return false;
+  if (old.use_count() != 1 + graph.external_edges[e]) return false;
+  std::vector<bool> is_output(graph.nodes.size(), false);
+  for (int o : graph.outputs) is_output[o] = true;
+  // Nodes of this graph that keep their inputs after the run: lazy views a user holds, and
+  // results autograd may still go through. None of them may depend on the old value.
+  std::vector<char> state(graph.nodes.size(), 0);  // 0 unknown, 1 reaches `old`, 2 does not
+  auto reaches_old = [&](size_t start) {
+    std::vector<std::pair<size_t, size_t>> stack{{start, 0}};
+    while (!stack.empty()) {
+      auto& [i, next] = stack.back();
+      const Node& n = *graph.nodes[i];
+      if (state[i] == 1) return true;
+      if (next < n.inputs.size()) {
+        const Node* in = n.inputs[next++].get();
+        if (in == old.get()) state[i] = 1;
+        else if (!in->realized() && state[in->visit_index] == 0) stack.push_back({static_cast<size_t>(in->visit_index), 0});
+        else if (!in->realized() && state[in->visit_index] == 1) state[i] = 1;
+        continue;
+      }
+      if (state[i] == 0) state[i] = 2;
+      size_t done = i;
+      stack.pop_back();
+      if (!stack.empty() && state[done] == 1) state[stack.back().first] = 1;
+    }
+    return state[start] == 1;
+  };
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    const Node& n = *graph.nodes[i];
+    if (n.inputs.empty()) continue;
+    bool keeps_history = is_output[i] ? n.requires_grad && !n.grad_leaf && !n.backward_done : n.held > 0;
+    if (keeps_history && reaches_old(i)) return false;
+  }
+  return true;
+}
+
 std::unique_ptr<Plan> build_plan(const PendingGraph& graph) {
   auto plan = std::make_unique<Plan>();
   plan->schedule = schedule(graph);
@@ -109,6 +191,7 @@ std::unique_ptr<Plan> build_plan(const PendingGraph& graph) {
     jit_kernels += s.kernels[k].kind != KernelKind::Matmul;
   }
   plan_buffers(*plan);
+  find_in_place_updates(*plan, graph);
   plan->info->output_bytes = plan->output_bytes;
   memory::note_plan(plan->info);
   plan->fns.assign(s.kernels.size(), nullptr);
@@ -120,6 +203,51 @@ std::unique_ptr<Plan> build_plan(const PendingGraph& graph) {
   }
   stats().plans_built++;
   return plan;
+}
+
+// The arena a graph's plan needs: scheduled and planned, not compiled (the budget pass weighs
+// several rewrites of one graph).
+int64_t planned_arena(const PendingGraph& graph) {
+  Plan plan;
+  plan.schedule = schedule(graph);
+  plan.last_use.assign(plan.schedule.slots.size(), -1);
+  for (size_t k = 0; k < plan.schedule.kernels.size(); ++k)
+    for (const KernelBuffer& b : plan.schedule.kernels[k].buffers) plan.last_use[b.slot] = static_cast<int>(k);
+  plan_buffers(plan);
+  return plan.memory.arena_bytes;
+}
+
+// The budget pass's choices by graph key and budget: positions of the nodes to recompute.
+std::unordered_map<std::string, std::vector<int>> g_recompute_choices;
+
+// Under KILN_MEMORY_BUDGET: rewires `graph` so that its plan fits (memory/recompute.h) and
+// collects it again. The rewritten graph has a key of its own, so its plan is cached apart.
+void fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& graph) {
+  const std::string& budget_text = flags().memory_budget;
+  std::string choice_key = graph.key + '\0' + budget_text;
+  auto it = g_recompute_choices.find(choice_key);
+  if (it == g_recompute_choices.end()) {
+    auto cached = g_plans.find(graph.key);
+    int64_t arena = cached != g_plans.end() ? cached->second->memory.arena_bytes : planned_arena(graph);
+    int64_t budget = memory::budget_bytes(budget_text, arena);
+    memory::RecomputeChoice choice{{}, arena};
+    if (arena > budget)
+      choice = memory::choose_recompute(graph.nodes, budget, arena, budget_text,
+                                        [&] { return planned_arena(collect_pending(targets)); });
+    if (flags().log >= 1)
+      fmt::print(stderr, "[kiln] memory budget {}: arena {} -> {}, recomputing {} activations\n",
+                 memory::format_bytes(budget), memory::format_bytes(arena), memory::format_bytes(choice.arena_bytes),
+                 choice.dropped.size());
+    if (!flags().plan_cache) {
+      if (!choice.dropped.empty()) memory::apply_recompute(graph.nodes, choice.dropped);
+      graph = collect_pending(targets);
+      return;
+    }
+    it = g_recompute_choices.emplace(choice_key, std::move(choice.dropped)).first;
+  }
+  if (it->second.empty()) return;
+  memory::apply_recompute(graph.nodes, it->second);
+  graph = collect_pending(targets);
 }
 
 void run_matmul(const Kernel& k, void* const* ptrs) {
@@ -158,15 +286,23 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
       if (plan.offset[i] >= 0) ptrs[i] = static_cast<char*>(arena->data) + plan.offset[i];
   }
   const bool poison = flags().debug_memory;
+  // Parameter updates in place, where nobody else can see the old value.
+  for (auto [out, ext] : plan.updates) {
+    if (!old_value_unobserved(graph, s.slots[ext].external)) continue;
+    storage[out] = storage[ext];
+    ptrs[out] = ptrs[ext];
+  }
+  // Every output is allocated before the first kernel runs, so running out of memory never
+  // leaves a half-updated state behind.
+  for (size_t i = 0; i < s.slots.size(); ++i) {
+    if (s.slots[i].external >= 0 || plan.offset[i] >= 0 || storage[i]) continue;
+    storage[i] = memory::allocate_storage(static_cast<size_t>(s.slots[i].numel) * dtype_size(s.slots[i].dtype),
+                                          Device::cpu());
+    ptrs[i] = storage[i]->data;
+  }
 
   for (size_t k = 0; k < s.kernels.size(); ++k) {
     const Kernel& kernel = s.kernels[k];
-    int out_slot = kernel.buffers[0].slot;
-    const PlanSlot& slot = s.slots[out_slot];
-    if (plan.offset[out_slot] < 0) {
-      storage[out_slot] = memory::allocate_storage(static_cast<size_t>(slot.numel) * dtype_size(slot.dtype), Device::cpu());
-      ptrs[out_slot] = storage[out_slot]->data;
-    }
     auto start = std::chrono::steady_clock::now();
     int64_t error[2] = {0, 0};
     if (kernel.kind == KernelKind::Matmul) run_matmul(kernel, ptrs.data());
@@ -191,13 +327,14 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
     Node* node = graph.nodes[s.slots[i].node].get();
     node->storage = storage[i];
     // Autograd stops at gradient leaves, so they never need their history (an assigned
-    // parameter would otherwise hold every previous training step).
-    if (!node->requires_grad || node->grad_leaf) node->inputs.clear();
+    // parameter would otherwise hold every previous training step); nor do nodes a backward
+    // pass has already gone through.
+    if (!node->requires_grad || node->grad_leaf || node->backward_done) node->inputs.clear();
   }
   for (const PlanAlias& alias : s.aliases) {
     Node* node = graph.nodes[alias.node].get();
     node->storage = storage[alias.slot];
-    if (!node->requires_grad || node->grad_leaf) node->inputs.clear();
+    if (!node->requires_grad || node->grad_leaf || node->backward_done) node->inputs.clear();
   }
 }
 
@@ -207,6 +344,7 @@ void realize(const std::vector<NodePtr>& targets) {
   std::lock_guard<std::mutex> lock(g_mutex);
   PendingGraph graph = collect_pending(targets);
   if (graph.nodes.empty()) return;
+  if (!flags().memory_budget.empty()) fit_memory_budget(targets, graph);
   Plan* plan = nullptr;
   std::unique_ptr<Plan> uncached;
   bool hit = false;
@@ -240,6 +378,7 @@ memory::PlanLayout last_plan_memory() {
 void clear_plan_cache() {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_plans.clear();
+  g_recompute_choices.clear();
 }
 
 size_t plan_cache_size() {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -16,9 +17,143 @@ namespace kiln::jit {
 // ---------------------------------------------------------------------------------------------
 
 namespace {
+// Held nodes that are not worth keeping: recomputing them later is free. (A held reshape is
+// kept: it usually shares the buffer under it, and dropping it would keep its whole history.)
 bool is_cheap_view(Op op) {
   OpKind k = op_kind(op);
-  return k == OpKind::Movement || op == Op::Full || op == Op::Iota;
+  return (k == OpKind::Movement && op != Op::Reshape) || op == Op::Full || op == Op::Iota;
+}
+
+// Orders a graph holding recomputed copies (memory/recompute.h) for memory, not by the DFS alone:
+// the DFS would compute a checkpoint segment's copies as soon as it first meets them and keep
+// them, with the gradients, until the weight gradients at the very end.
+//  - Lazy nodes are computed on demand, right before their first consumer: the copies, values
+//    derived only from them (e.g. a relu mask in the backward), views and generators.
+//  - Of the other nodes whose inputs are ready, one that is the last reader of a buffer goes first
+//    (e.g. a weight gradient, freeing the activation it reads); otherwise the DFS order holds.
+// Graphs without copies keep the DFS order.
+void order_for_recompute(std::vector<NodePtr>& nodes) {
+  const int n = static_cast<int>(nodes.size());
+  // Pending inputs (distinct) and consumers, by position.
+  std::vector<std::vector<int>> ins(n), consumers(n);
+  for (int i = 0; i < n; ++i)
+    for (const NodePtr& in : nodes[i]->inputs) {
+      if (in->realized()) continue;
+      int p = static_cast<int>(in->visit_index);
+      if (std::find(ins[i].begin(), ins[i].end(), p) != ins[i].end()) continue;
+      ins[i].push_back(p);
+      consumers[p].push_back(i);
+    }
+  std::vector<char> derived(n), lazy(n);
+  std::vector<int> base(n, -1);  // the buffer a node's value lives in (views: their source's)
+  for (int i = 0; i < n; ++i) {
+    const Node& node = *nodes[i];
+    bool all_lazy = !ins[i].empty(), any_derived = false;
+    for (int p : ins[i]) {
+      all_lazy &= lazy[p] != 0;
+      any_derived |= derived[p] != 0;
+    }
+    derived[i] = node.recompute || (all_lazy && any_derived);
+    lazy[i] = derived[i] || is_cheap_view(node.op) || op_kind(node.op) == OpKind::Leaf;
+    if (op_kind(node.op) == OpKind::Movement) base[i] = node.inputs[0]->realized() ? -1 : base[node.inputs[0]->visit_index];
+    else if (op_kind(node.op) != OpKind::Leaf) base[i] = i;
+  }
+  // Buffers each non-view node reads, and how many readers each buffer has left.
+  std::vector<std::vector<int>> reads(n), readers(n);
+  std::vector<int> remaining(n, 0);
+  for (int i = 0; i < n; ++i) {
+    if (base[i] != i) continue;
+    for (int p : ins[i]) {
+      int b = base[p];
+      if (b < 0 || std::find(reads[i].begin(), reads[i].end(), b) != reads[i].end()) continue;
+      reads[i].push_back(b);
+      readers[b].push_back(i);
+      remaining[b]++;
+    }
+  }
+
+  std::vector<int> unsatisfied(n), order;
+  std::vector<char> emitted(n, 0);
+  std::set<int> ready, freeing;  // by DFS position
+  auto frees = [&](int i) {
+    for (int b : reads[i])
+      if (emitted[b] && remaining[b] == 1) return true;
+    return false;
+  };
+  // A node is satisfied once its value can be had: emitted, or lazy with satisfied inputs.
+  std::vector<int> work;
+  auto satisfy = [&](int start) {
+    work.push_back(start);
+    while (!work.empty()) {
+      int j = work.back();
+      work.pop_back();
+      for (int c : consumers[j]) {
+        if (--unsatisfied[c] != 0) continue;
+        if (lazy[c]) {
+          work.push_back(c);
+        } else {
+          ready.insert(c);
+          if (frees(c)) freeing.insert(c);
+        }
+      }
+    }
+  };
+  auto emit_one = [&](int j) {
+    emitted[j] = 1;
+    order.push_back(j);
+    ready.erase(j);
+    freeing.erase(j);
+    for (int b : reads[j])
+      if (--remaining[b] == 1)
+        for (int r : readers[b])
+          if (!emitted[r] && ready.count(r)) freeing.insert(r);
+    if (!lazy[j]) satisfy(j);
+  };
+  // Emits `i` after the lazy inputs it still needs, depth first.
+  std::vector<std::pair<int, size_t>> stack;
+  auto emit = [&](int i) {
+    stack.push_back({i, 0});
+    while (!stack.empty()) {
+      auto& [j, next] = stack.back();
+      if (next < ins[j].size()) {
+        int p = ins[j][next++];
+        if (!emitted[p]) stack.push_back({p, 0});
+        continue;
+      }
+      int done = j;
+      stack.pop_back();
+      emit_one(done);
+    }
+  };
+  std::vector<int> roots;
+  for (int i = 0; i < n; ++i) {
+    unsatisfied[i] = static_cast<int>(ins[i].size());
+    if (ins[i].empty()) roots.push_back(i);
+  }
+  for (int i : roots) {
+    if (lazy[i]) satisfy(i);
+    else ready.insert(i);
+  }
+  while (!ready.empty()) emit(!freeing.empty() ? *freeing.begin() : *ready.begin());
+  for (int i = 0; i < n; ++i)
+    if (!emitted[i]) emit(i);  // lazy outputs nothing else reads
+
+  if (std::getenv("KILN_DEBUG_ORDER"))
+    for (int k = 0; k < n; ++k) {
+      int i = order[k];
+      std::string r;
+      for (int b : reads[i]) r += fmt::format("{}({}) ", b, remaining[b]);
+      std::string in;
+      for (int p : ins[i]) in += fmt::format("{} ", p);
+      fmt::print(stderr, "{:4} #{:4} {:10} {} lazy {} der {} rg {} ins [{}] reads [{}]\n", k, i, op_name(nodes[i]->op),
+                 shape_str(nodes[i]->shape), int(lazy[i]), int(derived[i]), int(nodes[i]->requires_grad), in, r);
+    }
+  std::vector<NodePtr> reordered(n);
+  for (int k = 0; k < n; ++k) {
+    reordered[k] = std::move(nodes[order[k]]);
+    reordered[k]->visit_index = k;
+  }
+  nodes = std::move(reordered);
 }
 }  // namespace
 
@@ -30,7 +165,11 @@ PendingGraph collect_pending(const std::vector<NodePtr>& targets) {
   auto seen = [walk](const Node* n) { return n->visit == walk; };
   PendingGraph g;
   std::vector<std::pair<Node*, size_t>> stack;
-  for (const NodePtr& t : targets) {
+  // Parameter updates last: everything else (the loss, checks that may fail) runs before any
+  // parameter is overwritten in place.
+  std::vector<NodePtr> ordered = targets;
+  std::stable_partition(ordered.begin(), ordered.end(), [](const NodePtr& t) { return t->replaces.expired(); });
+  for (const NodePtr& t : ordered) {
     if (t->realized() || seen(t.get())) continue;
     t->visit = walk;
     t->visit_index = kOnStack;
@@ -39,11 +178,15 @@ PendingGraph collect_pending(const std::vector<NodePtr>& targets) {
       auto& [node, next] = stack.back();
       if (next < node->inputs.size()) {
         Node* in = node->inputs[next++].get();
-        if (seen(in)) continue;
+        if (seen(in)) {
+          if (in->realized()) g.external_edges[in->visit_index]++;
+          continue;
+        }
         in->visit = walk;
         if (in->realized()) {
           in->visit_index = static_cast<int64_t>(g.externals.size());
           g.externals.push_back(in->shared_from_this());
+          g.external_edges.push_back(1);
         } else {
           in->visit_index = kOnStack;
           stack.push_back({in, 0});
@@ -55,6 +198,8 @@ PendingGraph collect_pending(const std::vector<NodePtr>& targets) {
       stack.pop_back();
     }
   }
+  if (std::any_of(g.nodes.begin(), g.nodes.end(), [](const NodePtr& n) { return n->recompute; }))
+    order_for_recompute(g.nodes);
   std::vector<bool> is_output(g.nodes.size(), false);
   for (const NodePtr& t : targets)
     if (!t->realized()) is_output[t->visit_index] = true;
@@ -88,6 +233,15 @@ PendingGraph collect_pending(const std::vector<NodePtr>& targets) {
   }
   put(-1);
   for (int o : g.outputs) put(o);
+  // Which external an output replaces (a parameter update): its buffer may be reused in place.
+  put(-2);
+  g.replaced_external.assign(g.outputs.size(), -1);
+  for (size_t i = 0; i < g.outputs.size(); ++i) {
+    NodePtr previous = g.nodes[g.outputs[i]]->replaces.lock();
+    if (previous && previous->visit == walk && previous->realized())
+      g.replaced_external[i] = static_cast<int>(previous->visit_index);
+    put(g.replaced_external[i]);
+  }
   return g;
 }
 

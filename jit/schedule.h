@@ -14,6 +14,8 @@ struct PendingGraph {
   std::vector<NodePtr> nodes;      // unrealized nodes, inputs before consumers
   std::vector<NodePtr> externals;  // realized nodes read by them, in first-use order
   std::vector<int> outputs;        // positions in `nodes` left realized after the run
+  std::vector<int> external_edges; // per external: input edges from `nodes` pointing at it
+  std::vector<int> replaced_external;  // per output: the external it replaces (assign), or -1
   std::string key;                 // structure only: ops, shapes, dtypes, attributes, wiring
 };
 

@@ -44,17 +44,20 @@ void order_for_recompute(std::vector<NodePtr>& nodes) {
       ins[i].push_back(p);
       consumers[p].push_back(i);
     }
-  std::vector<char> derived(n), lazy(n);
+  // derived: computed from copies and constants only. anchored: a lazy node that (not through a
+  // copy) reads a value computed in order, e.g. a view of a gradient; it stops `derived`.
+  std::vector<char> derived(n), lazy(n), anchored(n);
   std::vector<int> base(n, -1);  // the buffer a node's value lives in (views: their source's)
   for (int i = 0; i < n; ++i) {
     const Node& node = *nodes[i];
-    bool all_lazy = !ins[i].empty(), any_derived = false;
+    bool reads_anchor = false, any_derived = false;
     for (int p : ins[i]) {
-      all_lazy &= lazy[p] != 0;
+      reads_anchor |= !lazy[p] || anchored[p];
       any_derived |= derived[p] != 0;
     }
-    derived[i] = node.recompute || (all_lazy && any_derived);
-    lazy[i] = derived[i] || is_cheap_view(node.op) || op_kind(node.op) == OpKind::Leaf;
+    derived[i] = node.recompute || (any_derived && !reads_anchor);
+    lazy[i] = derived[i] || op_kind(node.op) == OpKind::Movement || op_kind(node.op) == OpKind::Leaf;
+    anchored[i] = lazy[i] && !node.recompute && reads_anchor;
     if (op_kind(node.op) == OpKind::Movement) base[i] = node.inputs[0]->realized() ? -1 : base[node.inputs[0]->visit_index];
     else if (op_kind(node.op) != OpKind::Leaf) base[i] = i;
   }
@@ -93,6 +96,7 @@ void order_for_recompute(std::vector<NodePtr>& nodes) {
           work.push_back(c);
         } else {
           ready.insert(c);
+          if (std::getenv("KILN_DEBUG_ORDER")) fmt::print(stderr, "ready #{} at {} frees {}\n", c, order.size(), frees(c));
           if (frees(c)) freeing.insert(c);
         }
       }
@@ -146,7 +150,7 @@ void order_for_recompute(std::vector<NodePtr>& nodes) {
       std::string in;
       for (int p : ins[i]) in += fmt::format("{} ", p);
       fmt::print(stderr, "{:4} #{:4} {:10} {} lazy {} der {} rg {} ins [{}] reads [{}]\n", k, i, op_name(nodes[i]->op),
-                 shape_str(nodes[i]->shape), int(lazy[i]), int(derived[i]), int(nodes[i]->requires_grad), in, r);
+                 shape_str(nodes[i]->shape), fmt::format("{}/{}/{}", int(lazy[i]), int(is_cheap_view(nodes[i]->op)), int(op_kind(nodes[i]->op))), int(derived[i]), int(nodes[i]->requires_grad), in, r);
     }
   std::vector<NodePtr> reordered(n);
   for (int k = 0; k < n; ++k) {
@@ -166,9 +170,12 @@ PendingGraph collect_pending(const std::vector<NodePtr>& targets) {
   PendingGraph g;
   std::vector<std::pair<Node*, size_t>> stack;
   // Parameter updates last: everything else (the loss, checks that may fail) runs before any
-  // parameter is overwritten in place.
+  // parameter is overwritten in place. And updates in reverse: parameters come in layer order,
+  // so the last layer's update goes first and each layer's weight gradient is computed right
+  // after the backward reaches it, instead of every layer's delta waiting for the first layer.
   std::vector<NodePtr> ordered = targets;
-  std::stable_partition(ordered.begin(), ordered.end(), [](const NodePtr& t) { return t->replaces.expired(); });
+  auto updates = std::stable_partition(ordered.begin(), ordered.end(), [](const NodePtr& t) { return t->replaces.expired(); });
+  std::reverse(updates, ordered.end());
   for (const NodePtr& t : ordered) {
     if (t->realized() || seen(t.get())) continue;
     t->visit = walk;
@@ -198,7 +205,7 @@ PendingGraph collect_pending(const std::vector<NodePtr>& targets) {
       stack.pop_back();
     }
   }
-  if (std::any_of(g.nodes.begin(), g.nodes.end(), [](const NodePtr& n) { return n->recompute; }))
+  if (std::getenv("KILN_ORDER_ALL") || std::any_of(g.nodes.begin(), g.nodes.end(), [](const NodePtr& n) { return n->recompute; }))
     order_for_recompute(g.nodes);
   std::vector<bool> is_output(g.nodes.size(), false);
   for (const NodePtr& t : targets)

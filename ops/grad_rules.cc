@@ -66,6 +66,14 @@ Grads pow_grad(const NodePtr& n, const Tensor& g) {
 // Ties split the gradient evenly between both operands, as in PyTorch.
 Grads max_min_grad(const NodePtr& n, const Tensor& g, bool is_max) {
   Tensor a = in(n, 0), b = in(n, 1);
+  const Node& bn = *n->inputs[1];
+  if (bn.op == Op::Full && !bn.requires_grad) {
+    // Against a constant (relu, clamp): a wins exactly where the result differs from the
+    // constant, so the backward reads the result, which the next layer keeps anyway, instead of
+    // keeping the input alive too. Ties get 0, as PyTorch's relu gives.
+    Tensor y = out(n);
+    return {g * cast(is_max ? gt(y, b) : lt(y, b), g.dtype()), Tensor()};
+  }
   Tensor wins = cast(is_max ? gt(a, b) : lt(a, b), g.dtype());
   Tensor ties = cast(eq(a, b), g.dtype());
   Tensor share = wins + ties * 0.5;

@@ -10,4 +10,6 @@
 #include "jit/executor.h"
 #include "memory/allocator.h"
 #include "memory/pool.h"
+#include "memory/recompute.h"
+#include "memory/report.h"
 #include "ops/ops.h"

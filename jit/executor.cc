@@ -234,19 +234,16 @@ void fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& graph)
     if (arena > budget)
       choice = memory::choose_recompute(graph.nodes, budget, arena, budget_text,
                                         [&] { return planned_arena(collect_pending(targets)); });
-    if (flags().log >= 1)
+    if (flags().log >= 1 && !choice.dropped.empty())
       fmt::print(stderr, "[kiln] memory budget {}: arena {} -> {}, recomputing {} activations\n",
                  memory::format_bytes(budget), memory::format_bytes(arena), memory::format_bytes(choice.arena_bytes),
                  choice.dropped.size());
-    if (!flags().plan_cache) {
-      if (!choice.dropped.empty()) memory::apply_recompute(graph.nodes, choice.dropped);
-      graph = collect_pending(targets);
-      return;
-    }
     it = g_recompute_choices.emplace(choice_key, std::move(choice.dropped)).first;
   }
-  if (it->second.empty()) return;
-  memory::apply_recompute(graph.nodes, it->second);
+  std::vector<int> dropped = it->second;
+  if (!flags().plan_cache) g_recompute_choices.erase(it);  // decide again next time
+  if (dropped.empty()) return;
+  memory::apply_recompute(graph.nodes, dropped);
   graph = collect_pending(targets);
 }
 

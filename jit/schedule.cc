@@ -24,6 +24,55 @@ bool is_cheap_view(Op op) {
   return (k == OpKind::Movement && op != Op::Reshape) || op == Op::Full || op == Op::Iota;
 }
 
+// Moves each parameter update (a node that replaces a realized value) to just after the last
+// other kernel reading the old value, so the executor can write the update in place, while its
+// gradient still dies early. Positions in `nodes` (visit_index) are renumbered.
+void defer_updates(std::vector<NodePtr>& nodes) {
+  const int n = static_cast<int>(nodes.size());
+  std::vector<int> updates;
+  for (int i = 0; i < n; ++i) {
+    NodePtr old = nodes[i]->replaces.lock();
+    if (old && old->realized()) updates.push_back(i);
+  }
+  if (updates.empty()) return;
+  // The realized value each node reads through views, and the last compute node reading it.
+  std::vector<const Node*> viewed(n, nullptr);
+  std::unordered_map<const Node*, int> last_reader;
+  std::vector<int> first_consumer(n, n);
+  for (int i = 0; i < n; ++i) {
+    const Node& node = *nodes[i];
+    for (const NodePtr& in : node.inputs)
+      if (!in->realized()) first_consumer[in->visit_index] = std::min(first_consumer[in->visit_index], i);
+    if (op_kind(node.op) == OpKind::Movement) {
+      const Node* in = node.inputs[0].get();
+      viewed[i] = in->realized() ? in : viewed[in->visit_index];
+      continue;
+    }
+    for (const NodePtr& in : node.inputs) {
+      const Node* value = in->realized() ? in.get() : viewed[in->visit_index];
+      if (value) last_reader[value] = i;
+    }
+  }
+  std::vector<std::vector<int>> after(n);  // updates to emit right after node i
+  std::vector<char> moved(n, 0);
+  for (int u : updates) {
+    const Node* old = nodes[u]->replaces.lock().get();
+    auto it = last_reader.find(old);
+    int target = it == last_reader.end() ? u : it->second;
+    if (target <= u || target >= first_consumer[u]) continue;  // already late enough, or needed earlier
+    after[target].push_back(u);
+    moved[u] = 1;
+  }
+  std::vector<NodePtr> order;
+  order.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    if (!moved[i]) order.push_back(nodes[i]);
+    for (int u : after[i]) order.push_back(nodes[u]);
+  }
+  nodes = std::move(order);
+  for (int i = 0; i < n; ++i) nodes[i]->visit_index = i;
+}
+
 // Orders a graph holding recomputed copies (memory/recompute.h) for memory, not by the DFS alone:
 // the DFS would compute a checkpoint segment's copies as soon as it first meets them and keep
 // them, with the gradients, until the weight gradients at the very end.
@@ -31,6 +80,7 @@ bool is_cheap_view(Op op) {
 //    derived only from them (e.g. a relu mask in the backward), views and generators.
 //  - Of the other nodes whose inputs are ready, one that is the last reader of a buffer goes first
 //    (e.g. a weight gradient, freeing the activation it reads); otherwise the DFS order holds.
+//  - A parameter update still comes after every other reader of the old value.
 // Graphs without copies keep the DFS order.
 void order_for_recompute(std::vector<NodePtr>& nodes) {
   const int n = static_cast<int>(nodes.size());
@@ -58,8 +108,12 @@ void order_for_recompute(std::vector<NodePtr>& nodes) {
     derived[i] = node.recompute || (any_derived && !reads_anchor);
     lazy[i] = derived[i] || op_kind(node.op) == OpKind::Movement || op_kind(node.op) == OpKind::Leaf;
     anchored[i] = lazy[i] && !node.recompute && reads_anchor;
-    if (op_kind(node.op) == OpKind::Movement) base[i] = node.inputs[0]->realized() ? -1 : base[node.inputs[0]->visit_index];
-    else if (op_kind(node.op) != OpKind::Leaf) base[i] = i;
+    if (op_kind(node.op) == OpKind::Movement) {
+      const Node& source = *node.inputs[0];
+      base[i] = source.realized() ? -1 : base[source.visit_index];
+    } else if (op_kind(node.op) != OpKind::Leaf) {
+      base[i] = i;
+    }
   }
   // Buffers each non-view node reads, and how many readers each buffer has left.
   std::vector<std::vector<int>> reads(n), readers(n);
@@ -76,6 +130,30 @@ void order_for_recompute(std::vector<NodePtr>& nodes) {
   }
 
   std::vector<int> unsatisfied(n), order;
+  // A parameter update (assign) waits for every other reader of the value it replaces, so the
+  // executor can still write it in place (jit/executor.cc find_in_place_updates).
+  std::unordered_map<const Node*, int> update_of;
+  for (int i = 0; i < n; ++i)
+    if (NodePtr old = nodes[i]->replaces.lock(); old && old->realized()) update_of[old.get()] = i;
+  std::vector<std::vector<int>> unblocks(n);
+  if (!update_of.empty()) {
+    std::vector<const Node*> viewed(n, nullptr);  // the realized value under a view
+    for (int i = 0; i < n; ++i) {
+      const Node& node = *nodes[i];
+      if (op_kind(node.op) == OpKind::Movement) {
+        const Node* in = node.inputs[0].get();
+        viewed[i] = in->realized() ? in : viewed[in->visit_index];
+        continue;
+      }
+      for (const NodePtr& in : node.inputs) {
+        const Node* value = in->realized() ? in.get() : viewed[in->visit_index];
+        auto it = value ? update_of.find(value) : update_of.end();
+        if (it == update_of.end() || it->second == i) continue;
+        unblocks[i].push_back(it->second);
+        unsatisfied[it->second]++;
+      }
+    }
+  }
   std::vector<char> emitted(n, 0);
   std::set<int> ready, freeing;  // by DFS position
   auto frees = [&](int i) {
@@ -85,22 +163,25 @@ void order_for_recompute(std::vector<NodePtr>& nodes) {
   };
   // A node is satisfied once its value can be had: emitted, or lazy with satisfied inputs.
   std::vector<int> work;
-  auto satisfy = [&](int start) {
-    work.push_back(start);
+  auto release = [&](int c) {  // one more of c's inputs (or blockers) is done
+    if (--unsatisfied[c] != 0) return;
+    if (lazy[c]) {
+      work.push_back(c);
+    } else {
+      ready.insert(c);
+      if (frees(c)) freeing.insert(c);
+    }
+  };
+  auto drain = [&] {  // lazy nodes whose inputs are all satisfied are satisfied too
     while (!work.empty()) {
       int j = work.back();
       work.pop_back();
-      for (int c : consumers[j]) {
-        if (--unsatisfied[c] != 0) continue;
-        if (lazy[c]) {
-          work.push_back(c);
-        } else {
-          ready.insert(c);
-          if (std::getenv("KILN_DEBUG_ORDER")) fmt::print(stderr, "ready #{} at {} frees {}\n", c, order.size(), frees(c));
-          if (frees(c)) freeing.insert(c);
-        }
-      }
+      for (int c : consumers[j]) release(c);
     }
+  };
+  auto satisfy = [&](int start) {
+    work.push_back(start);
+    drain();
   };
   auto emit_one = [&](int j) {
     emitted[j] = 1;
@@ -112,6 +193,8 @@ void order_for_recompute(std::vector<NodePtr>& nodes) {
         for (int r : readers[b])
           if (!emitted[r] && ready.count(r)) freeing.insert(r);
     if (!lazy[j]) satisfy(j);
+    for (int u : unblocks[j]) release(u);
+    drain();
   };
   // Emits `i` after the lazy inputs it still needs, depth first.
   std::vector<std::pair<int, size_t>> stack;
@@ -131,8 +214,8 @@ void order_for_recompute(std::vector<NodePtr>& nodes) {
   };
   std::vector<int> roots;
   for (int i = 0; i < n; ++i) {
-    unsatisfied[i] = static_cast<int>(ins[i].size());
-    if (ins[i].empty()) roots.push_back(i);
+    unsatisfied[i] += static_cast<int>(ins[i].size());
+    if (unsatisfied[i] == 0) roots.push_back(i);
   }
   for (int i : roots) {
     if (lazy[i]) satisfy(i);
@@ -141,17 +224,9 @@ void order_for_recompute(std::vector<NodePtr>& nodes) {
   while (!ready.empty()) emit(!freeing.empty() ? *freeing.begin() : *ready.begin());
   for (int i = 0; i < n; ++i)
     if (!emitted[i]) emit(i);  // lazy outputs nothing else reads
+  KILN_CHECK(static_cast<int>(order.size()) == n, "jit", "internal: reordering lost {} of {} nodes",
+             n - static_cast<int>(order.size()), n);
 
-  if (std::getenv("KILN_DEBUG_ORDER"))
-    for (int k = 0; k < n; ++k) {
-      int i = order[k];
-      std::string r;
-      for (int b : reads[i]) r += fmt::format("{}({}) ", b, remaining[b]);
-      std::string in;
-      for (int p : ins[i]) in += fmt::format("{} ", p);
-      fmt::print(stderr, "{:4} #{:4} {:10} {} lazy {} der {} rg {} ins [{}] reads [{}]\n", k, i, op_name(nodes[i]->op),
-                 shape_str(nodes[i]->shape), fmt::format("{}/{}/{}", int(lazy[i]), int(is_cheap_view(nodes[i]->op)), int(op_kind(nodes[i]->op))), int(derived[i]), int(nodes[i]->requires_grad), in, r);
-    }
   std::vector<NodePtr> reordered(n);
   for (int k = 0; k < n; ++k) {
     reordered[k] = std::move(nodes[order[k]]);
@@ -205,8 +280,10 @@ PendingGraph collect_pending(const std::vector<NodePtr>& targets) {
       stack.pop_back();
     }
   }
-  if (std::getenv("KILN_ORDER_ALL") || std::any_of(g.nodes.begin(), g.nodes.end(), [](const NodePtr& n) { return n->recompute; }))
+  if (std::any_of(g.nodes.begin(), g.nodes.end(), [](const NodePtr& n) { return n->recompute; }))
     order_for_recompute(g.nodes);
+  else
+    defer_updates(g.nodes);
   std::vector<bool> is_output(g.nodes.size(), false);
   for (const NodePtr& t : targets)
     if (!t->realized()) is_output[t->visit_index] = true;

@@ -151,7 +151,8 @@ TEST_CASE("planner: elementwise chains update intermediates in place", "[planner
 
 TEST_CASE("planner: parameters are updated in place when nobody sees the old value", "[planner][in-place]") {
   manual_seed(11);
-  std::vector<Tensor> params = make_mlp({16, 32, 4});
+  // Deep enough that the backward reads each old weight after its gradient is made.
+  std::vector<Tensor> params = make_mlp({16, 32, 32, 32, 4});
   Tensor x = randn({8, 16}).realize();
   Tensor y = from_vector<int64_t>({0, 1, 2, 3, 0, 1, 2, 3}, {8});
   mlp_step(params, x, y, 0.1);
@@ -160,6 +161,9 @@ TEST_CASE("planner: parameters are updated in place when nobody sees the old val
   mlp_step(params, x, y, 0.1);
   CHECK(params[0].data() == w);  // same memory, new values
   CHECK(params[1].data() == b);
+  const void* w_mid = params[4].data();
+  mlp_step(params, x, y, 0.1);
+  CHECK(params[4].data() == w_mid);
 
   // Holding the old value keeps it intact: the update then goes to a new buffer.
   Tensor old_w = params[0];

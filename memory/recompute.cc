@@ -1,0 +1,252 @@
+// Recomputation: checkpoint segments (recomputed by autograd, core/autograd.cc) and the automatic
+// pass that rewrites a pending graph to fit KILN_MEMORY_BUDGET (called by jit/executor.cc).
+#include "memory/recompute.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <unordered_set>
+
+#include "core/autograd.h"
+#include "core/flags.h"
+#include "memory/allocator.h"
+
+namespace kiln {
+
+std::vector<Tensor> checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs) {
+  if (!grad_enabled()) return fn(inputs);
+  auto segment = std::make_shared<CheckpointSegment>();
+  for (const Tensor& t : inputs) segment->inputs.push_back(t.node());
+  // Node ids grow as nodes are made: the inside of the segment is what fn records.
+  segment->first_id = Node::next_id();
+  std::vector<Tensor> outputs = fn(inputs);
+  segment->last_id = Node::next_id();
+  for (const Tensor& out : outputs) {
+    if (!out.defined()) continue;
+    const NodePtr& n = out.node();
+    if (n->id <= segment->first_id || n->id >= segment->last_id || n->realized() || !n->requires_grad) continue;
+    segment->outputs.push_back(n);
+  }
+  for (const std::weak_ptr<Node>& out : segment->outputs) out.lock()->segment = segment;
+  return outputs;
+}
+
+Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input) {
+  auto wrapped = [&fn](const std::vector<Tensor>& in) { return std::vector<Tensor>{fn(in[0])}; };
+  return checkpoint(wrapped, std::vector<Tensor>{input})[0];
+}
+
+namespace memory {
+
+NodePtr recompute_copy(const Node& node, std::vector<NodePtr> inputs) {
+  auto copy = std::make_shared<Node>();
+  copy->op = node.op;
+  copy->dtype = node.dtype;
+  copy->device = node.device;
+  copy->shape = node.shape;
+  copy->ints = node.ints;
+  copy->scalar = node.scalar;
+  copy->seed = node.seed;  // random ops draw the same Philox numbers as the original
+  copy->offset = node.offset;
+  copy->inputs = std::move(inputs);
+  copy->recompute = true;
+  return copy;
+}
+
+void recompute_segment(const CheckpointSegment& segment, std::unordered_map<Node*, NodePtr>& copies) {
+  std::unordered_set<const Node*> inputs;
+  for (const NodePtr& in : segment.inputs) inputs.insert(in.get());
+  // Inside: recorded by the segment's function, not realized (a realized value is reused as is),
+  // not a gradient leaf, not one of the segment's inputs.
+  auto inside = [&](const Node* n) {
+    return n->id > segment.first_id && n->id < segment.last_id && !n->realized() && !n->grad_leaf &&
+           !inputs.count(n);
+  };
+  // The inside, inputs before consumers.
+  std::vector<Node*> order;
+  std::unordered_set<Node*> seen;
+  std::vector<std::pair<Node*, size_t>> stack;
+  for (const std::weak_ptr<Node>& weak : segment.outputs) {
+    NodePtr out = weak.lock();
+    if (!out || !inside(out.get()) || copies.count(out.get()) || !seen.insert(out.get()).second) continue;
+    stack.push_back({out.get(), 0});
+    while (!stack.empty()) {
+      auto& [node, next] = stack.back();
+      if (next < node->inputs.size()) {
+        Node* in = node->inputs[next++].get();
+        if (inside(in) && !copies.count(in) && seen.insert(in).second) stack.push_back({in, 0});
+        continue;
+      }
+      order.push_back(node);
+      stack.pop_back();
+    }
+  }
+  for (Node* node : order) {
+    std::vector<NodePtr> inputs_of_copy;
+    for (const NodePtr& in : node->inputs) inputs_of_copy.push_back(inside(in.get()) ? copies.at(in.get()) : in);
+    copies[node] = recompute_copy(*node, std::move(inputs_of_copy));
+  }
+}
+
+// ---- automatic recomputation ----
+
+namespace {
+// As flags validate it: a number with a decimal point is a fraction, anything else a size.
+bool is_fraction(const std::string& budget) {
+  char* end = nullptr;
+  std::strtod(budget.c_str(), &end);
+  return !budget.empty() && *end == '\0' && budget.find('.') != std::string::npos;
+}
+}  // namespace
+
+int64_t budget_bytes(const std::string& budget, int64_t unconstrained_arena) {
+  if (budget.empty()) return 0;
+  if (is_fraction(budget)) {
+    double fraction = std::strtod(budget.c_str(), nullptr);
+    return std::max<int64_t>(1, static_cast<int64_t>(std::floor(fraction * static_cast<double>(unconstrained_arena))));
+  }
+  return std::max<int64_t>(1, parse_size(budget, "memory_budget"));
+}
+
+void RecomputeRewrite::undo() {
+  for (auto it = edits.rbegin(); it != edits.rend(); ++it) it->consumer->inputs[it->input] = it->original;
+  edits.clear();
+}
+
+namespace {
+
+// The pending graph by position, and the buffer each node's value lives in: its own, or for a
+// view (reshape, permute, ...) the one under it; -1 for generators and realized values.
+struct GraphIndex {
+  std::unordered_map<const Node*, int> position;
+  std::vector<int> base;
+
+  explicit GraphIndex(const std::vector<NodePtr>& nodes) : base(nodes.size(), -1) {
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      const Node& n = *nodes[i];
+      position[&n] = static_cast<int>(i);
+      if (op_kind(n.op) == OpKind::Movement) base[i] = of(n.inputs[0].get()) >= 0 ? base[of(n.inputs[0].get())] : -1;
+      else if (op_kind(n.op) != OpKind::Leaf) base[i] = static_cast<int>(i);
+    }
+  }
+  int of(const Node* n) const {
+    auto it = position.find(n);
+    return it == position.end() ? -1 : it->second;
+  }
+};
+
+// Saved activations: forward values (recorded with gradient tracking) that the backward also
+// reads, directly or through views. Inputs before consumers.
+std::vector<int> saved_activations(const std::vector<NodePtr>& nodes, const GraphIndex& index) {
+  std::vector<bool> forward_use(nodes.size(), false), backward_use(nodes.size(), false);
+  for (const NodePtr& consumer : nodes) {
+    if (op_kind(consumer->op) == OpKind::Movement && consumer->requires_grad) continue;  // a view, not a use
+    for (const NodePtr& in : consumer->inputs) {
+      int p = index.of(in.get());
+      if (p >= 0 && index.base[p] >= 0) (consumer->requires_grad ? forward_use : backward_use)[index.base[p]] = true;
+    }
+  }
+  std::vector<int> saved;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const Node& n = *nodes[i];
+    if (index.base[i] == static_cast<int>(i) && n.requires_grad && !n.grad_leaf && !n.recompute && n.held == 0 &&
+        forward_use[i] && backward_use[i])
+      saved.push_back(static_cast<int>(i));
+  }
+  return saved;
+}
+
+}  // namespace
+
+RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::vector<int>& dropped) {
+  const size_t n = nodes.size();
+  GraphIndex index(nodes);
+  std::vector<bool> is_dropped(n, false), is_saved(n, false), needs_copy(n, false);
+  for (int p : saved_activations(nodes, index)) is_saved[p] = true;
+  for (int p : dropped) is_dropped[p] = true;
+  // The backward (recorded without gradient tracking) reads dropped values, or views of them.
+  auto read_by_backward = [&](const Node& consumer, const NodePtr& in) {
+    int p = index.of(in.get());
+    return !consumer.requires_grad && p >= 0 && index.base[p] >= 0 && is_dropped[index.base[p]] ? p : -1;
+  };
+  for (const NodePtr& consumer : nodes)
+    for (const NodePtr& in : consumer->inputs)
+      if (int p = read_by_backward(*consumer, in); p >= 0) needs_copy[p] = true;
+  // A copy reads kept values as they are: saved activations not dropped, gradient leaves and
+  // values without gradient tracking (constants, masks, labels); forward values in between are
+  // recomputed too.
+  auto kept = [&](int p) {
+    const Node& node = *nodes[p];
+    return !node.requires_grad || node.grad_leaf || (is_saved[p] && !is_dropped[p]);
+  };
+  for (size_t i = n; i-- > 0;) {
+    if (!needs_copy[i]) continue;
+    for (const NodePtr& in : nodes[i]->inputs) {
+      int p = index.of(in.get());
+      if (p >= 0 && !kept(p)) needs_copy[p] = true;
+    }
+  }
+  std::vector<NodePtr> copy(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!needs_copy[i]) continue;
+    std::vector<NodePtr> inputs;
+    for (const NodePtr& in : nodes[i]->inputs) {
+      int p = index.of(in.get());
+      inputs.push_back(p >= 0 && needs_copy[p] ? copy[p] : in);
+    }
+    copy[i] = recompute_copy(*nodes[i], std::move(inputs));
+  }
+  RecomputeRewrite rewrite;
+  for (const NodePtr& consumer : nodes)
+    for (size_t s = 0; s < consumer->inputs.size(); ++s)
+      if (int p = read_by_backward(*consumer, consumer->inputs[s]); p >= 0) {
+        rewrite.edits.push_back({consumer, s, consumer->inputs[s]});
+        consumer->inputs[s] = copy[p];
+      }
+  return rewrite;
+}
+
+RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budget, int64_t unconstrained_arena,
+                                 const std::string& budget_text,
+                                 const std::function<int64_t()>& arena_of_current_graph) {
+  GraphIndex index(nodes);
+  std::vector<int> saved = saved_activations(nodes, index);
+  const int count = static_cast<int>(saved.size());
+  // A fraction budgets what a backward pass keeps; a plan without one is left as it is.
+  if (count == 0 && is_fraction(budget_text)) return {{}, unconstrained_arena};
+  KILN_CHECK(count > 0, "memory_budget",
+             "KILN_MEMORY_BUDGET={} allows a {} arena but this plan needs {} and keeps no forward activation for a "
+             "backward pass, so recomputation cannot help; raise the budget or make the batch smaller",
+             budget_text, format_bytes(budget), format_bytes(unconstrained_arena));
+  // Keep every k-th saved activation and recompute the ones in between: the arena falls from
+  // k = 1 (keep all) to about k = √n, then rises again as whole stretches are recomputed at once.
+  const int max_k = std::min(count + 1, 2 * static_cast<int>(std::ceil(std::sqrt(count))) + 4);
+  RecomputeChoice best{{}, unconstrained_arena};
+  int best_k = 1;
+  for (int k = 2; k <= max_k; ++k) {
+    RecomputeChoice choice;
+    for (int j = 0; j < count; ++j)
+      if (j % k != k - 1) choice.dropped.push_back(saved[j]);
+    RecomputeRewrite rewrite = apply_recompute(nodes, choice.dropped);
+    try {
+      choice.arena_bytes = arena_of_current_graph();
+    } catch (...) {
+      rewrite.undo();
+      throw;
+    }
+    rewrite.undo();
+    if (choice.arena_bytes <= budget) return choice;
+    if (choice.arena_bytes < best.arena_bytes) {
+      best = std::move(choice);
+      best_k = k;
+    }
+  }
+  KILN_FAIL("memory_budget",
+            "KILN_MEMORY_BUDGET={} allows a {} arena but this plan needs {}; recomputing forward activations "
+            "(keeping every k-th of the {} saved for the backward, k = 2..{}) gets it down to {} at best{}. Raise "
+            "the budget, make the batch smaller, or mark segments by hand with kiln::checkpoint",
+            budget_text, format_bytes(budget), format_bytes(unconstrained_arena), count, max_k,
+            format_bytes(best.arena_bytes), best_k > 1 ? fmt::format(" (k = {})", best_k) : "");
+}
+
+}  // namespace memory
+}  // namespace kiln

@@ -1,0 +1,85 @@
+// Recomputation: trading compute for memory. A checkpoint segment keeps only its inputs for the
+// backward; everything inside is recomputed right before the backward needs it (bit-identically:
+// random ops reuse the Philox seed and counter of the original).
+//
+//   auto block = [&](const std::vector<kiln::Tensor>& in) {  // four layers of an MLP
+//     kiln::Tensor h = in[0];
+//     for (int i = 0; i < 4; ++i) h = kiln::dropout(kiln::relu(kiln::matmul(h, w[i]) + b[i]), 0.1);
+//     return std::vector<kiln::Tensor>{h};
+//   };
+//   h = kiln::checkpoint(block, {h})[0];  // parameters captured by `block` get gradients too
+//
+// Automatic: with KILN_MEMORY_BUDGET (flags().memory_budget) set to a size ("512MiB") or to a
+// fraction of the unconstrained plan's arena ("0.5"), the executor rewrites a plan whose arena
+// would exceed the budget so that forward activations are recomputed for the backward, or throws
+// kiln::Error saying why it cannot.
+#pragma once
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kiln {
+
+using SegmentFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+
+// Runs fn(inputs) now (recorded lazily as usual) and marks its outputs so that autograd
+// recomputes the inside of the segment for the backward instead of keeping it. Tensors fn
+// captures (e.g. parameters) are kept like inputs and get gradients. Nothing is saved in eager
+// mode (KILN_LAZY=0), where every value is computed, and kept, as it is recorded.
+std::vector<Tensor> checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs);
+Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input);
+
+namespace memory {
+
+// A copy of `node` (op, dtype, shape, attributes, scalar, Philox seed and offset) reading
+// `inputs`, marked `recompute` so the executor computes it as late as it can.
+NodePtr recompute_copy(const Node& node, std::vector<NodePtr> inputs);
+
+// Copies the inside of `segment` for the backward into `copies` (original -> copy); nodes
+// already there keep their copy (an enclosing segment made it).
+void recompute_segment(const CheckpointSegment& segment, std::unordered_map<Node*, NodePtr>& copies);
+
+// ---- automatic recomputation under a memory budget ----
+
+// The budget in bytes that flags().memory_budget sets for a plan whose unconstrained arena is
+// `unconstrained_arena`; 0 when no budget is set.
+int64_t budget_bytes(const std::string& budget, int64_t unconstrained_arena);
+
+// Which forward activations of a pending graph are recomputed: positions in its node list.
+struct RecomputeChoice {
+  std::vector<int> dropped;
+  int64_t arena_bytes = 0;  // arena of the rewritten plan
+};
+
+// Rewiring done by apply_recompute, so it can be undone.
+struct RecomputeRewrite {
+  struct Edit {
+    NodePtr consumer;
+    size_t input;
+    NodePtr original;
+  };
+  std::vector<Edit> edits;
+  void undo();
+};
+
+// Gives each dropped node (and the forward nodes between it and the kept ones) a recomputed copy
+// and points its backward consumers (those recorded without gradient tracking, reading it
+// directly or through views) at the copy.
+// `nodes`: the pending graph, inputs before consumers.
+RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::vector<int>& dropped);
+
+// Chooses activations to recompute so the plan fits `budget` bytes. `arena_of_current_graph`
+// plans the graph as it is wired now and returns its arena size. Leaves the graph as it found
+// it; throws kiln::Error when no choice fits (a fraction budget leaves a plan without a backward
+// pass alone instead: it budgets what a backward keeps). The policy: keep every k-th saved
+// activation in forward order and recompute the rest (√n checkpointing for chains), trying
+// k = 2, 3, ... up to about 2√n and taking the first (least recomputation) that fits.
+RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budget, int64_t unconstrained_arena,
+                                 const std::string& budget_text,
+                                 const std::function<int64_t()>& arena_of_current_graph);
+
+}  // namespace memory
+}  // namespace kiln

@@ -1,0 +1,315 @@
+// Recomputation: kiln::checkpoint and the automatic pass under KILN_MEMORY_BUDGET. A 16-layer MLP
+// (width 64, batch 32, relu + dropout between layers) trains with and without recomputation: the
+// planned arena must shrink, and gradients and updated parameters must be bit-identical (dropout
+// included: the recomputed mask reuses the original's Philox counters).
+#include <catch2/catch.hpp>
+#include <kiln/kiln.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "memory/profile.h"
+#include "memory/recompute.h"
+
+using namespace kiln;
+
+namespace {
+
+constexpr int kLayers = 16;
+constexpr int64_t kWidth = 64, kBatch = 32;
+constexpr double kDropout = 0.1, kLr = 0.05;
+
+// Exact equality of the bits, so -0.0 vs 0.0 or NaN payloads would count as differences.
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+struct Mlp {
+  std::vector<Tensor> w, b;  // w[i]: (W, W); b[i]: (W)
+  std::vector<Tensor> params() const {
+    std::vector<Tensor> p = w;
+    p.insert(p.end(), b.begin(), b.end());
+    return p;
+  }
+};
+
+Mlp make_mlp() {
+  Mlp m;
+  for (int i = 0; i < kLayers; ++i) {
+    m.w.push_back((randn({kWidth, kWidth}) * std::sqrt(2.0 / kWidth)).realize().requires_grad_());
+    m.b.push_back((randn({kWidth}) * 0.01).realize().requires_grad_());
+  }
+  return m;
+}
+
+// Layer i: (B, W) -> (B, W); relu + dropout after every layer but the last.
+Tensor layer(const Mlp& m, const Tensor& h, int i) {
+  Tensor z = matmul(h, m.w[i]) + m.b[i];
+  return i + 1 < kLayers ? dropout(relu(z), kDropout) : z;
+}
+
+// The logits, with layers grouped in checkpoint segments of `every` layers (0: no checkpoint;
+// negative: only the first -every layers form a segment).
+Tensor forward(const Mlp& m, const Tensor& x, int every) {
+  Tensor h = x;
+  const int group = every != 0 ? std::abs(every) : kLayers;
+  for (int start = 0; start < kLayers; start += group) {
+    auto block = [&m, start, group](const std::vector<Tensor>& in) {
+      Tensor t = in[0];
+      for (int i = start; i < start + group && i < kLayers; ++i) t = layer(m, t, i);
+      return std::vector<Tensor>{t};
+    };
+    h = every > 0 || (every < 0 && start == 0) ? checkpoint(block, {h})[0] : block({h})[0];
+  }
+  return h;
+}
+
+struct Data {
+  Tensor x, labels;
+};
+Data make_data() {
+  std::vector<int64_t> labels(kBatch);
+  for (int64_t i = 0; i < kBatch; ++i) labels[i] = (i * 7) % kWidth;
+  return {randn({kBatch, kWidth}).realize(), from_vector<int64_t>(labels, {kBatch})};
+}
+
+struct StepResult {
+  std::vector<std::vector<float>> grads;   // only when asked for
+  std::vector<std::vector<float>> params;  // after the update
+  std::vector<float> loss;
+  memory::PlanLayout plan;
+  int64_t step_peak_bytes = 0;  // tensor bytes allocated at the peak of the last step, beyond before it
+};
+
+// One SGD step (forward, grad, assign, sync) from a fresh model and seed. With keep_grads the
+// gradients are outputs of the plan too (so they can be compared); without, the step is a plain
+// training step whose gradients live only inside the plan's arena.
+StepResult train(int every, bool keep_grads, int steps = 1, uint64_t seed = 11) {
+  manual_seed(seed);
+  Mlp m = make_mlp();
+  Data d = make_data();
+  StepResult r;
+  for (int s = 0; s < steps; ++s) {
+    Tensor loss = cross_entropy(forward(m, d.x, every), d.labels);
+    std::vector<Tensor> params = m.params();
+    std::vector<Tensor> grads = grad(loss, params);
+    {
+      NoGradGuard no_grad;
+      for (size_t i = 0; i < params.size(); ++i) params[i].assign(params[i] - kLr * grads[i]);
+    }
+    std::vector<Tensor> outputs = params;
+    outputs.push_back(loss);
+    if (keep_grads) outputs.insert(outputs.end(), grads.begin(), grads.end());
+    else grads.clear();  // no handle: the gradients stay inside the plan
+    int64_t before = memory::allocated_bytes();
+    memory::reset_peak_allocated_bytes();
+    sync(outputs);
+    r.step_peak_bytes = memory::peak_allocated_bytes() - before;
+    r.plan = jit::last_plan_memory();
+    r.loss.push_back(static_cast<float>(loss.item()));
+    if (keep_grads && s + 1 == steps)
+      for (const Tensor& g : grads) r.grads.push_back(g.to_vector<float>());
+  }
+  for (const Tensor& p : m.params()) r.params.push_back(p.to_vector<float>());
+  return r;
+}
+
+void require_identical(const StepResult& a, const StepResult& b) {
+  REQUIRE(a.params.size() == b.params.size());
+  CHECK(same_bits(a.loss, b.loss));
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK(same_bits(a.params[i], b.params[i]));
+  }
+  REQUIRE(a.grads.size() == b.grads.size());
+  for (size_t i = 0; i < a.grads.size(); ++i) {
+    INFO("gradient " << i);
+    CHECK(same_bits(a.grads[i], b.grads[i]));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("recompute: checkpointed gradients are bit-identical, dropout included", "[recompute]") {
+  StepResult plain = train(0, true), checkpointed = train(4, true);
+  REQUIRE(plain.grads.size() == 2 * kLayers);
+  require_identical(plain, checkpointed);
+  // The comparison can fail: the gradients are not trivial, and another dropout seed changes them.
+  for (const auto& g : plain.grads) {
+    double norm = 0;
+    for (float v : g) {
+      REQUIRE(std::isfinite(v));
+      norm += std::abs(v);
+    }
+    CHECK(norm > 0);
+  }
+  StepResult other_seed = train(4, true, 1, 12);
+  CHECK_FALSE(same_bits(plain.grads[0], other_seed.grads[0]));
+}
+
+TEST_CASE("recompute: checkpoint every 4 layers shrinks the arena by at least 40%", "[recompute]") {
+  StepResult plain = train(0, false), checkpointed = train(4, false);
+  int64_t without = plain.plan.arena_bytes, with = checkpointed.plan.arena_bytes;
+  INFO("arena without checkpoint " << without << " B, with " << with << " B (lower bound " << plain.plan.lower_bound
+                                   << " -> " << checkpointed.plan.lower_bound << ")");
+  REQUIRE(without > 0);
+  CHECK(with <= without * 60 / 100);
+  // And the whole step (arena and new values), so parameters are still updated in place.
+  INFO("step peak without " << plain.step_peak_bytes << " B, with " << checkpointed.step_peak_bytes << " B");
+  CHECK(checkpointed.step_peak_bytes <= plain.step_peak_bytes * 60 / 100);
+  // Recomputation runs more kernels: the inside of each segment again.
+  CHECK(checkpointed.plan.kernels.size() > plain.plan.kernels.size());
+  require_identical(plain, checkpointed);
+}
+
+TEST_CASE("recompute: repeated checkpointed steps replay their plan and stay identical", "[recompute]") {
+  StepResult plain = train(0, false, 3);
+  int64_t hits = jit::stats().plan_cache_hits;
+  StepResult checkpointed = train(4, false, 3);
+  if (flags().plan_cache) CHECK(jit::stats().plan_cache_hits - hits >= 2);
+  require_identical(plain, checkpointed);
+}
+
+TEST_CASE("recompute: the single-tensor checkpoint matches no checkpoint, reductions inside", "[recompute]") {
+  auto run = [](bool use_checkpoint) {
+    manual_seed(3);
+    Tensor w = (randn({16, 16}) * 0.3).realize().requires_grad_();
+    Tensor x = randn({8, 16}).realize().requires_grad_();
+    // softmax (max and sum reductions), exp and dropout inside the segment
+    auto block = [&w](const Tensor& t) { return dropout(softmax(matmul(t, w), -1) * exp(t * 0.1), 0.2); };
+    Tensor y = use_checkpoint ? checkpoint(block, x) : block(x);
+    Tensor loss = (y * y).sum();
+    auto grads = grad(loss, {w, x});
+    sync({loss, grads[0], grads[1]});
+    return std::vector<std::vector<float>>{grads[0].to_vector<float>(), grads[1].to_vector<float>(),
+                                           {static_cast<float>(loss.item())}};
+  };
+  auto plain = run(false), checkpointed = run(true);
+  for (size_t i = 0; i < plain.size(); ++i) CHECK(same_bits(plain[i], checkpointed[i]));
+}
+
+TEST_CASE("recompute: nested checkpoints and eager mode give the same gradients", "[recompute]") {
+  auto run = [](int mode) {  // 0 plain, 1 nested checkpoints, 2 checkpoint in eager mode
+    FlagsGuard guard;
+    flags().lazy = mode != 2;
+    manual_seed(5);
+    Tensor w1 = (randn({16, 16}) * 0.3).realize().requires_grad_();
+    Tensor w2 = (randn({16, 16}) * 0.3).realize().requires_grad_();
+    Tensor x = randn({8, 16}).realize();
+    auto inner = [&w2](const Tensor& t) { return dropout(tanh(matmul(t, w2)), 0.25); };
+    auto outer = [&](const Tensor& t) {
+      Tensor h = relu(matmul(t, w1));
+      return mode == 1 ? checkpoint(inner, h) * 2.0 : inner(h) * 2.0;
+    };
+    Tensor y = mode == 0 ? outer(x) : checkpoint(outer, x);
+    Tensor loss = (y * y).mean();
+    auto grads = grad(loss, {w1, w2});
+    sync({grads[0], grads[1]});
+    return std::vector<std::vector<float>>{grads[0].to_vector<float>(), grads[1].to_vector<float>()};
+  };
+  auto plain = run(0), nested = run(1), eager = run(2);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    CHECK(same_bits(plain[i], nested[i]));
+    CHECK(same_bits(plain[i], eager[i]));
+  }
+}
+
+TEST_CASE("recompute: poisoned dead buffers change no recomputed result", "[recompute]") {
+  StepResult plain = train(0, true);
+  FlagsGuard guard;
+  flags().debug_memory = true;  // every buffer is filled with NaN when it dies
+  require_identical(plain, train(4, true));
+  flags().memory_budget = "0.5";
+  require_identical(plain, train(0, true));
+  require_identical(plain, train(-4, true));  // a checkpoint and the budget pass together
+}
+
+TEST_CASE("recompute: checkpoint under NoGradGuard records nothing extra", "[recompute]") {
+  NoGradGuard no_grad;
+  Tensor x = randn({4, 4});
+  Tensor y = checkpoint([](const Tensor& t) { return t * 2.0; }, x);
+  CHECK(y.node()->segment == nullptr);
+  CHECK(same_bits(y.to_vector<float>(), (x * 2.0).to_vector<float>()));
+}
+
+TEST_CASE("recompute: a memory budget of half the arena fits and changes no result", "[recompute]") {
+  StepResult plain = train(0, false);
+  StepResult plain_grads = train(0, true);
+  const int64_t arena = plain.plan.arena_bytes;
+  for (std::string budget : {std::to_string(arena / 2), std::string("0.5")}) {
+    FlagsGuard guard;
+    flags().memory_budget = budget;
+    INFO("KILN_MEMORY_BUDGET=" << budget << ", unconstrained arena " << arena << " B");
+    StepResult fitted = train(0, false);
+    CHECK(fitted.plan.arena_bytes <= arena / 2);
+    CHECK(fitted.plan.kernels.size() > plain.plan.kernels.size());  // it recomputes
+    require_identical(plain, fitted);
+    StepResult fitted_grads = train(0, true);
+    require_identical(plain_grads, fitted_grads);
+  }
+}
+
+TEST_CASE("recompute: a budget the unconstrained plan meets leaves the plan alone", "[recompute]") {
+  StepResult plain = train(0, false);
+  FlagsGuard guard;
+  flags().memory_budget = "1.0";
+  StepResult fitted = train(0, false);
+  CHECK(fitted.plan.arena_bytes == plain.plan.arena_bytes);
+  CHECK(fitted.plan.kernels == plain.plan.kernels);
+  require_identical(plain, fitted);
+}
+
+TEST_CASE("recompute: a fraction budget leaves a plan without a backward pass alone", "[recompute]") {
+  Tensor x = randn({64, 64}).realize();
+  Tensor y = exp(matmul(x, x) * 0.01);
+  Tensor z = sum(matmul(y, y));
+  float expected = static_cast<float>(z.item());
+  FlagsGuard guard;
+  flags().memory_budget = "0.5";
+  Tensor y2 = exp(matmul(x, x) * 0.01);
+  CHECK(same_bits({static_cast<float>(sum(matmul(y2, y2)).item())}, {expected}));
+  flags().memory_budget = "1KiB";  // a size is a hard cap: this plan's arena is larger
+  Tensor y3 = exp(matmul(x, x) * 0.01);
+  CHECK_THROWS_WITH(sum(matmul(y3, y3)).item(), Catch::Contains("recomputation cannot help"));
+}
+
+TEST_CASE("recompute: an impossible budget throws and leaves tensors usable", "[recompute]") {
+  StepResult plain = train(0, false);
+  manual_seed(11);
+  Mlp m = make_mlp();
+  Data d = make_data();
+  Tensor loss = cross_entropy(forward(m, d.x, 0), d.labels);
+  std::vector<Tensor> params = m.params();
+  {
+    std::vector<Tensor> grads = grad(loss, params);
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) params[i].assign(params[i] - kLr * grads[i]);
+  }
+  std::vector<Tensor> outputs = params;
+  outputs.push_back(loss);
+  {
+    FlagsGuard guard;
+    flags().memory_budget = "1KiB";
+    try {
+      sync(outputs);
+      FAIL("a 1 KiB budget cannot hold this training step");
+    } catch (const Error& e) {
+      std::string message = e.what();
+      INFO(message);
+      CHECK(message.find("KILN_MEMORY_BUDGET=1KiB") != std::string::npos);
+      CHECK(message.find("at best") != std::string::npos);
+    }
+  }
+  // Nothing ran and nothing was rewired for good: the same tensors realize as without a budget.
+  sync(outputs);
+  CHECK(same_bits({static_cast<float>(loss.item())}, plain.loss));
+  for (size_t i = 0; i < params.size(); ++i) CHECK(same_bits(params[i].to_vector<float>(), plain.params[i]));
+}
+
+TEST_CASE("recompute: budget sizes and fractions", "[recompute]") {
+  CHECK(memory::budget_bytes("", 1000) == 0);
+  CHECK(memory::budget_bytes("0.5", 1000) == 500);
+  CHECK(memory::budget_bytes("512MiB", 1000) == 512ll << 20);
+  CHECK(memory::budget_bytes("4096", 1000) == 4096);
+  CHECK_THROWS_AS(memory::budget_bytes("lots", 1000), Error);
+}

@@ -24,6 +24,26 @@ bool is_cheap_view(Op op) {
   return (k == OpKind::Movement && op != Op::Reshape) || op == Op::Full || op == Op::Iota;
 }
 
+// For each compute node of `nodes` (in order), calls visit(i, value) for every realized value it
+// reads, directly or through views (which are fused into their readers).
+template <typename Visit>
+void for_each_realized_read(const std::vector<NodePtr>& nodes, Visit visit) {
+  const int n = static_cast<int>(nodes.size());
+  std::vector<const Node*> viewed(n, nullptr);  // the realized value under a view
+  for (int i = 0; i < n; ++i) {
+    const Node& node = *nodes[i];
+    if (op_kind(node.op) == OpKind::Movement) {
+      const Node* in = node.inputs[0].get();
+      viewed[i] = in->realized() ? in : viewed[in->visit_index];
+      continue;
+    }
+    for (const NodePtr& in : node.inputs) {
+      const Node* value = in->realized() ? in.get() : viewed[in->visit_index];
+      if (value) visit(i, value);
+    }
+  }
+}
+
 // Moves each parameter update (a node that replaces a realized value) to just after the last
 // other kernel reading the old value, so the executor can write the update in place, while its
 // gradient still dies early. Positions in `nodes` (visit_index) are renumbered.
@@ -35,24 +55,13 @@ void defer_updates(std::vector<NodePtr>& nodes) {
     if (old && old->realized()) updates.push_back(i);
   }
   if (updates.empty()) return;
-  // The realized value each node reads through views, and the last compute node reading it.
-  std::vector<const Node*> viewed(n, nullptr);
+  // The last compute node reading each realized value, and each node's first consumer.
   std::unordered_map<const Node*, int> last_reader;
+  for_each_realized_read(nodes, [&](int i, const Node* value) { last_reader[value] = i; });
   std::vector<int> first_consumer(n, n);
-  for (int i = 0; i < n; ++i) {
-    const Node& node = *nodes[i];
-    for (const NodePtr& in : node.inputs)
+  for (int i = 0; i < n; ++i)
+    for (const NodePtr& in : nodes[i]->inputs)
       if (!in->realized()) first_consumer[in->visit_index] = std::min(first_consumer[in->visit_index], i);
-    if (op_kind(node.op) == OpKind::Movement) {
-      const Node* in = node.inputs[0].get();
-      viewed[i] = in->realized() ? in : viewed[in->visit_index];
-      continue;
-    }
-    for (const NodePtr& in : node.inputs) {
-      const Node* value = in->realized() ? in.get() : viewed[in->visit_index];
-      if (value) last_reader[value] = i;
-    }
-  }
   std::vector<std::vector<int>> after(n);  // updates to emit right after node i
   std::vector<char> moved(n, 0);
   for (int u : updates) {
@@ -136,24 +145,13 @@ void order_for_recompute(std::vector<NodePtr>& nodes) {
   for (int i = 0; i < n; ++i)
     if (NodePtr old = nodes[i]->replaces.lock(); old && old->realized()) update_of[old.get()] = i;
   std::vector<std::vector<int>> unblocks(n);
-  if (!update_of.empty()) {
-    std::vector<const Node*> viewed(n, nullptr);  // the realized value under a view
-    for (int i = 0; i < n; ++i) {
-      const Node& node = *nodes[i];
-      if (op_kind(node.op) == OpKind::Movement) {
-        const Node* in = node.inputs[0].get();
-        viewed[i] = in->realized() ? in : viewed[in->visit_index];
-        continue;
-      }
-      for (const NodePtr& in : node.inputs) {
-        const Node* value = in->realized() ? in.get() : viewed[in->visit_index];
-        auto it = value ? update_of.find(value) : update_of.end();
-        if (it == update_of.end() || it->second == i) continue;
-        unblocks[i].push_back(it->second);
-        unsatisfied[it->second]++;
-      }
-    }
-  }
+  if (!update_of.empty())
+    for_each_realized_read(nodes, [&](int i, const Node* value) {
+      auto it = update_of.find(value);
+      if (it == update_of.end() || it->second == i) return;
+      unblocks[i].push_back(it->second);
+      unsatisfied[it->second]++;
+    });
   std::vector<char> emitted(n, 0);
   std::set<int> ready, freeing;  // by DFS position
   auto frees = [&](int i) {

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "memory/allocator.h"
+#include "tests/support/mlp.h"
 
 using namespace kiln;
 
@@ -38,14 +39,7 @@ struct TinyMlp {
     Tensor h = tanh(matmul(x, w1) + b1);
     Tensor loss = mse_loss(matmul(h, w2) + b2, y);
     std::vector<Tensor> params = {w1, b1, w2, b2};
-    auto grads = grad(loss, params);
-    {
-      NoGradGuard no_grad;
-      for (size_t i = 0; i < params.size(); ++i) params[i].assign(params[i] - lr * grads[i]);
-    }
-    std::vector<Tensor> outputs = params;
-    outputs.push_back(loss);
-    sync(outputs);
+    testing::sgd_step(params, loss, lr);
     return loss.item();
   }
 };

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "memory/planner.h"
+#include "tests/support/mlp.h"
 
 using namespace kiln;
 
@@ -77,32 +78,8 @@ TEST_CASE("planner: a chain reuses memory and in-place pairs share it", "[planne
   CHECK(in_place.in_place == 3);
 }
 
-namespace {
-// One SGD step of an MLP, forward + backward + update in one plan.
-void mlp_step(std::vector<Tensor>& params, const Tensor& x, const Tensor& y, double lr) {
-  Tensor h = x;
-  for (size_t i = 0; i + 1 < params.size(); i += 2) {
-    h = matmul(h, params[i]) + params[i + 1];
-    if (i + 2 < params.size()) h = relu(h);
-  }
-  Tensor loss = cross_entropy(h, y);
-  auto grads = grad(loss, params);
-  NoGradGuard no_grad;
-  for (size_t i = 0; i < params.size(); ++i) params[i].assign(params[i] - lr * grads[i]);
-  std::vector<Tensor> outputs = params;
-  outputs.push_back(loss);
-  sync(outputs);
-}
-
-std::vector<Tensor> make_mlp(const std::vector<int64_t>& widths) {
-  std::vector<Tensor> params;
-  for (size_t i = 0; i + 1 < widths.size(); ++i) {
-    params.push_back((randn({widths[i], widths[i + 1]}) * 0.05).realize().requires_grad_());
-    params.push_back(zeros({widths[i + 1]}).realize().requires_grad_());
-  }
-  return params;
-}
-}  // namespace
+using kiln::testing::make_mlp;
+using kiln::testing::mlp_step;
 
 TEST_CASE("planner: an MLP training step is planned within 5% of its lower bound", "[planner]") {
   manual_seed(3);

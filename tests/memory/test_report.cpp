@@ -2,6 +2,7 @@
 // report names the last plan's numbers, the trace parses back with one slice per kernel run and
 // memory counters in time order, the SVG draws one rectangle per planned buffer.
 #include <kiln/kiln.h>
+#include "tests/support/mlp.h"
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -13,32 +14,10 @@
 
 using namespace kiln;
 
+using kiln::testing::make_mlp;
+using kiln::testing::mlp_step;
+
 namespace {
-
-// One SGD step of an MLP, forward + backward + update realized as one plan.
-void mlp_step(std::vector<Tensor>& params, const Tensor& x, const Tensor& y, double lr) {
-  Tensor h = x;  // (B, widths[0])
-  for (size_t i = 0; i + 1 < params.size(); i += 2) {
-    h = matmul(h, params[i]) + params[i + 1];
-    if (i + 2 < params.size()) h = relu(h);
-  }
-  Tensor loss = cross_entropy(h, y);
-  auto grads = grad(loss, params);
-  NoGradGuard no_grad;
-  for (size_t i = 0; i < params.size(); ++i) params[i].assign(params[i] - lr * grads[i]);
-  std::vector<Tensor> outputs = params;
-  outputs.push_back(loss);
-  sync(outputs);
-}
-
-std::vector<Tensor> make_mlp(const std::vector<int64_t>& widths) {
-  std::vector<Tensor> params;
-  for (size_t i = 0; i + 1 < widths.size(); ++i) {
-    params.push_back((randn({widths[i], widths[i + 1]}) * 0.05).realize().requires_grad_());
-    params.push_back(zeros({widths[i + 1]}).realize().requires_grad_());
-  }
-  return params;
-}
 
 struct TrainedMlp {
   std::vector<Tensor> params;

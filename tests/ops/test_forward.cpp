@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "ops/ops.h"
 #include "tests/support/compare.h"
+#include "tests/support/mlp.h"
 
 using kiln::DType;
 using kiln::Shape;
@@ -24,13 +25,7 @@ using kiln::testing::kInf;
 using kiln::testing::kNaN;
 using kiln::testing::map_values;
 
-namespace {
-// Row-major offset into a 3-d shape, for reference loops.
-struct Index3 {
-  int64_t d0, d1, d2;
-  int64_t operator()(int64_t i, int64_t j, int64_t k) const { return (i * d1 + j) * d2 + k; }
-};
-}  // namespace
+using kiln::testing::Index3;
 
 TEST_CASE("float32 unary ops against libm", "[forward][elementwise]") {
   std::vector<double> x = {-3.7, -2.5, -1.0, -0.3, -1e-3, 1e-3, 0.25, 0.5, 1.0, 2.0, 3.3, 7.5};

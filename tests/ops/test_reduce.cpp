@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "ops/ops.h"
 #include "tests/support/compare.h"
+#include "tests/support/mlp.h"
 
 using kiln::DType;
 using kiln::Shape;
@@ -23,13 +24,7 @@ using kiln::testing::i64;
 using kiln::testing::kInf;
 using kiln::testing::kNaN;
 
-namespace {
-// Row-major offset into a 3-d shape, for reference loops.
-struct Index3 {
-  int64_t d0, d1, d2;
-  int64_t operator()(int64_t i, int64_t j, int64_t k) const { return (i * d1 + j) * d2 + k; }
-};
-}  // namespace
+using kiln::testing::Index3;
 
 TEST_CASE("sum, max, min and mean over axes", "[forward][reduce]") {
   const Index3 at{2, 3, 4};

@@ -12,4 +12,7 @@
 #include "memory/pool.h"
 #include "memory/recompute.h"
 #include "memory/report.h"
+#include "nn/nn.h"
+#include "nn/data/mnist.h"
 #include "ops/ops.h"
+#include "optim/optim.h"

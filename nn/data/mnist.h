@@ -1,0 +1,76 @@
+// IDX files (the MNIST family's format) and the Fashion-MNIST dataset installed by Debian's
+// `dataset-fashion-mnist` package.
+//
+//   using namespace kiln::data;
+//   FashionMnist train(default_fashion_mnist_dir(), Split::Train);               // 60000 x (784)
+//   FashionMnist test(dir, Split::Test, FashionMnistOptions().image_shape().normalize());  // (1, 28, 28)
+//   DataLoader loader(train, DataLoaderOptions(128).seed(1));
+//
+// Files are read gzip-compressed (*.gz) or plain; a missing, truncated or malformed file throws
+// kiln::Error naming the file and the problem. There is no fallback to random data.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nn/data/dataset.h"
+
+namespace kiln::data {
+
+// An IDX array of unsigned bytes (type code 0x08): magic 0x0000 08 <ndim>, ndim big-endian uint32
+// dims, then the data row-major.
+struct IdxArray {
+  std::vector<int64_t> dims;
+  std::vector<uint8_t> data;  // (dims...)
+};
+
+// Reads an IDX file, gzip-compressed or plain (zlib reads both). Checks the magic number, the
+// type code (only unsigned byte), the dims, and that the file holds exactly the data they promise.
+IdxArray read_idx(const std::string& path);
+
+enum class Split { Train, Test };
+
+struct FashionMnistOptions {
+  // Images as (N, 1, 28, 28) instead of (N, 784).
+  FashionMnistOptions& image_shape(bool v = true) { image_shape_ = v; return *this; }
+  // (x - mean) / std after scaling to [0, 1]; defaults are the training set's statistics.
+  FashionMnistOptions& normalize(bool v = true) { normalize_ = v; return *this; }
+  FashionMnistOptions& mean(float v) { mean_ = v; return *this; }
+  FashionMnistOptions& stddev(float v) { stddev_ = v; return *this; }
+
+  bool image_shape_ = false;
+  bool normalize_ = false;
+  float mean_ = 0.2860f;
+  float stddev_ = 0.3530f;
+};
+
+// Fashion-MNIST: 28x28 grey images as float32 in [0, 1] (or normalized), labels int64 in 0..9.
+class FashionMnist : public Dataset {
+ public:
+  static constexpr int64_t kRows = 28, kCols = 28, kClasses = 10;
+
+  // `dir` holds {train,t10k}-{images-idx3,labels-idx1}-ubyte, each plain or with .gz.
+  FashionMnist(const std::string& dir, Split split, FashionMnistOptions options = {});
+
+  int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
+  Shape input_shape() const override;
+  void read(int64_t index, float* input, int64_t* target) const override;
+
+  const std::vector<float>& images() const { return images_; }   // (N, 784)
+  const std::vector<int64_t>& labels() const { return labels_; }  // (N)
+  static const char* class_name(int64_t label);                   // "T-shirt/top", ...
+
+ private:
+  FashionMnistOptions options_;
+  std::vector<float> images_;
+  std::vector<int64_t> labels_;
+};
+
+// Where the Fashion-MNIST files are expected: $KILN_DATA_DIR if set (or its fashion-mnist/
+// subfolder when that exists), else /usr/share/datasets/fashion-mnist (Debian's package).
+std::string default_fashion_mnist_dir();
+
+// The image and label file stems of a split ("train-images-idx3-ubyte", ...), without .gz.
+std::vector<std::string> fashion_mnist_files(Split split);
+
+}  // namespace kiln::data

@@ -1,0 +1,128 @@
+// The standard layers. See layers.h.
+#include "nn/layers.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "core/autograd.h"
+#include "core/shape.h"
+#include "nn/init.h"
+#include "ops/ops.h"
+
+namespace kiln::nn {
+
+Linear::Linear(const LinearOptions& o) : Module("Linear"), options(o) {
+  KILN_CHECK(o.in_features() > 0 && o.out_features() > 0, "Linear", "features must be positive, got in={} out={}",
+             o.in_features(), o.out_features());
+  weight = register_parameter("weight", zeros({o.out_features(), o.in_features()}, o.dtype()));
+  init::kaiming_uniform_(weight, std::sqrt(5.0));
+  if (o.bias()) {
+    bias = register_parameter("bias", zeros({o.out_features()}, o.dtype()));
+    double bound = 1.0 / std::sqrt(static_cast<double>(o.in_features()));
+    init::uniform_(bias, -bound, bound);
+  }
+  set_extra_repr(fmt::format("in={}, out={}, bias={}", o.in_features(), o.out_features(), o.bias()));
+}
+
+Tensor Linear::forward(const Tensor& x) const {
+  KILN_CHECK(x.dim() >= 1 && x.shape().back() == options.in_features(), "Linear",
+             "input {} does not end in in_features={}", shape_str(x.shape()), options.in_features());
+  Tensor y = matmul(x, weight.t());  // (..., out)
+  return bias.defined() ? y + bias : y;
+}
+
+Dropout::Dropout(double p_) : Module("Dropout"), p(p_) {
+  KILN_CHECK(p >= 0.0 && p < 1.0, "Dropout", "p = {} is outside [0, 1)", p);
+  set_extra_repr(fmt::format("p={}", p));
+}
+Tensor Dropout::forward(const Tensor& x) const { return dropout(x, p, is_training()); }
+
+Tensor ReLU::forward(const Tensor& x) const { return relu(x); }
+
+GELU::GELU(bool tanh) : Module("GELU"), tanh_approximation(tanh) {
+  if (tanh) set_extra_repr("approximate=tanh");
+}
+Tensor GELU::forward(const Tensor& x) const { return gelu(x, tanh_approximation); }
+
+Tensor SiLU::forward(const Tensor& x) const { return silu(x); }
+Tensor Sigmoid::forward(const Tensor& x) const { return sigmoid(x); }
+Tensor Tanh::forward(const Tensor& x) const { return kiln::tanh(x); }
+
+Flatten::Flatten(int64_t start, int64_t end) : Module("Flatten"), start_dim(start), end_dim(end) {
+  set_extra_repr(fmt::format("start_dim={}, end_dim={}", start, end));
+}
+Tensor Flatten::forward(const Tensor& x) const { return flatten(x, start_dim, end_dim); }
+
+LayerNorm::LayerNorm(const LayerNormOptions& o) : Module("LayerNorm"), options(o) {
+  if (o.elementwise_affine()) {
+    weight = register_parameter("weight", ones(o.normalized_shape()).realize());
+    bias = register_parameter("bias", zeros(o.normalized_shape()).realize());
+  }
+  set_extra_repr(fmt::format("{}, eps={}", shape_str(o.normalized_shape()), o.eps()));
+}
+Tensor LayerNorm::forward(const Tensor& x) const {
+  return layer_norm(x, options.normalized_shape(), weight, bias, options.eps());
+}
+
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim) : Module("Embedding") {
+  KILN_CHECK(num_embeddings > 0 && embedding_dim > 0, "Embedding", "sizes must be positive, got {} x {}",
+             num_embeddings, embedding_dim);
+  weight = register_parameter("weight", randn({num_embeddings, embedding_dim}).realize());
+  set_extra_repr(fmt::format("{}, {}", num_embeddings, embedding_dim));
+}
+Tensor Embedding::forward(const Tensor& indices) const {
+  KILN_CHECK(is_integral(indices.dtype()), "Embedding", "indices have dtype {}; need integers",
+             dtype_name(indices.dtype()));
+  Shape out_shape = indices.shape();
+  out_shape.push_back(weight.size(1));
+  return index_select(weight, 0, indices.reshape({indices.numel()})).reshape(out_shape);  // (..., D)
+}
+
+BatchNorm1d::BatchNorm1d(const BatchNorm1dOptions& o) : Module("BatchNorm1d"), options(o) {
+  KILN_CHECK(o.features() > 0, "BatchNorm1d", "features must be positive, got {}", o.features());
+  if (o.affine()) {
+    weight = register_parameter("weight", ones({o.features()}).realize());
+    bias = register_parameter("bias", zeros({o.features()}).realize());
+  }
+  if (o.track_running_stats()) {
+    running_mean = register_buffer("running_mean", zeros({o.features()}).realize());
+    running_var = register_buffer("running_var", ones({o.features()}).realize());
+    num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, DType::Int64).realize());
+  }
+  set_extra_repr(fmt::format("{}, eps={}, momentum={}", o.features(), o.eps(), o.momentum()));
+}
+
+Tensor BatchNorm1d::forward(const Tensor& x) const {
+  int64_t C = options.features();
+  KILN_CHECK((x.dim() == 2 || x.dim() == 3) && x.size(1) == C, "BatchNorm1d",
+             "expects (N, {0}) or (N, {0}, L), got {1}", C, shape_str(x.shape()));
+  std::vector<int64_t> axes = x.dim() == 2 ? std::vector<int64_t>{0} : std::vector<int64_t>{0, 2};
+  Shape channel_shape = x.dim() == 2 ? Shape{C} : Shape{C, 1};  // broadcasts against x
+  bool use_batch = is_training() || !options.track_running_stats();
+  Tensor mean, var;
+  if (use_batch) {
+    int64_t count = x.numel() / C;
+    KILN_CHECK(!is_training() || count > 1, "BatchNorm1d", "training needs more than one value per channel, got {}",
+               shape_str(x.shape()));
+    mean = kiln::mean(x, axes);                  // (C)
+    var = kiln::var(x, axes, false, false);      // (C), biased: what normalization uses
+    if (is_training() && options.track_running_stats()) {
+      NoGradGuard no_grad;
+      double m = options.momentum();
+      double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
+      Tensor running_mean_var = running_mean, running_var_var = running_var, batches = num_batches_tracked;
+      running_mean_var.assign(running_mean * (1.0 - m) + mean.detach() * m);
+      running_var_var.assign(running_var * (1.0 - m) + var.detach() * (m * unbias));
+      batches.assign(num_batches_tracked + 1.0);
+    }
+  } else {
+    mean = running_mean;
+    var = running_var;
+  }
+  Tensor y = (x - mean.reshape(channel_shape)) * rsqrt(var.reshape(channel_shape) + options.eps());
+  if (weight.defined()) y = y * weight.reshape(channel_shape) + bias.reshape(channel_shape);
+  return y;
+}
+
+}  // namespace kiln::nn

@@ -1,0 +1,142 @@
+// The standard layers. Each is an nn::Module (a value-like handle: copies alias the same
+// parameters) with a non-virtual `Tensor forward(const Tensor&)`.
+//
+//   nn::Linear fc(784, 512);                                  // weight (512, 784), bias (512)
+//   nn::Linear head(nn::LinearOptions(512, 10).bias(false));
+//   nn::BatchNorm1d bn(nn::BatchNorm1dOptions(512).momentum(0.1));
+//   Tensor y = head.forward(nn::ReLU().forward(bn.forward(fc.forward(x))));
+//
+// Parameters are public Tensor members (fc.weight, fc.bias) that share their variable with the
+// registered entry, so assigning one (an optimizer step, nn::load) updates both.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "nn/module.h"
+#include "nn/options.h"
+
+namespace kiln::nn {
+
+class LinearOptions {
+ public:
+  LinearOptions(int64_t in_features, int64_t out_features) : in_features_(in_features), out_features_(out_features) {}
+  KILN_NN_OPTION(int64_t, in_features, 0);
+  KILN_NN_OPTION(int64_t, out_features, 0);
+  KILN_NN_OPTION(bool, bias, true);
+  KILN_NN_OPTION(DType, dtype, DType::Float32);
+};
+
+// y = x @ weight^T + bias. x (..., in) -> (..., out). weight (out, in) as in PyTorch, so
+// checkpoints open there unchanged; initialized like PyTorch (kaiming uniform, a = sqrt(5);
+// bias uniform in +-1/sqrt(in)).
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features) : Linear(LinearOptions(in_features, out_features)) {}
+  explicit Linear(const LinearOptions& options);
+  Tensor forward(const Tensor& x) const;
+  LinearOptions options;
+  Tensor weight;  // (out, in)
+  Tensor bias;    // (out), undefined without bias
+};
+
+// Zeroes each element with probability p and scales the rest by 1/(1-p) while training;
+// the identity in eval mode.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5);
+  Tensor forward(const Tensor& x) const;
+  double p;
+};
+
+class ReLU : public Module {
+ public:
+  ReLU() : Module("ReLU") {}
+  Tensor forward(const Tensor& x) const;
+};
+
+class GELU : public Module {
+ public:
+  explicit GELU(bool tanh_approximation = false);
+  Tensor forward(const Tensor& x) const;
+  bool tanh_approximation;
+};
+
+class SiLU : public Module {
+ public:
+  SiLU() : Module("SiLU") {}
+  Tensor forward(const Tensor& x) const;
+};
+
+class Sigmoid : public Module {
+ public:
+  Sigmoid() : Module("Sigmoid") {}
+  Tensor forward(const Tensor& x) const;
+};
+
+class Tanh : public Module {
+ public:
+  Tanh() : Module("Tanh") {}
+  Tensor forward(const Tensor& x) const;
+};
+
+// Flattens dims start..end into one (default: everything after the batch dim).
+class Flatten : public Module {
+ public:
+  explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1);
+  Tensor forward(const Tensor& x) const;
+  int64_t start_dim, end_dim;
+};
+
+class LayerNormOptions {
+ public:
+  LayerNormOptions(Shape normalized_shape) : normalized_shape_(std::move(normalized_shape)) {}
+  KILN_NN_OPTION(Shape, normalized_shape, {});
+  KILN_NN_OPTION(double, eps, 1e-5);
+  KILN_NN_OPTION(bool, elementwise_affine, true);
+};
+
+// Normalizes over the trailing `normalized_shape` dims; weight (ones) and bias (zeros) of that shape.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(const LayerNormOptions& options);
+  LayerNorm(int64_t features) : LayerNorm(LayerNormOptions({features})) {}
+  Tensor forward(const Tensor& x) const;
+  LayerNormOptions options;
+  Tensor weight, bias;
+};
+
+// A table of num_embeddings vectors of size embedding_dim, initialized N(0, 1).
+// indices (...) integer -> (..., embedding_dim).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  Tensor forward(const Tensor& indices) const;
+  Tensor weight;  // (num_embeddings, embedding_dim)
+};
+
+class BatchNorm1dOptions {
+ public:
+  BatchNorm1dOptions(int64_t features) : features_(features) {}
+  KILN_NN_OPTION(int64_t, features, 0);
+  KILN_NN_OPTION(double, eps, 1e-5);
+  KILN_NN_OPTION(double, momentum, 0.1);  // running = (1 - momentum) * running + momentum * batch
+  KILN_NN_OPTION(bool, affine, true);
+  KILN_NN_OPTION(bool, track_running_stats, true);
+};
+
+// x (N, C) or (N, C, L). Training: normalizes with the batch mean and (biased) variance and
+// updates running_mean / running_var (unbiased variance) lazily through assign. Eval: uses the
+// running statistics. Include buffers() in whatever you sync after a step, so the update chain
+// is realized each step.
+class BatchNorm1d : public Module {
+ public:
+  explicit BatchNorm1d(const BatchNorm1dOptions& options);
+  BatchNorm1d(int64_t features) : BatchNorm1d(BatchNorm1dOptions(features)) {}
+  Tensor forward(const Tensor& x) const;
+  BatchNorm1dOptions options;
+  Tensor weight, bias;                   // (C), ones / zeros
+  Tensor running_mean, running_var;      // (C), zeros / ones
+  Tensor num_batches_tracked;            // int64 scalar
+};
+
+}  // namespace kiln::nn

@@ -1,0 +1,13 @@
+// kiln::nn: modules, layers, initializers, losses and checkpoints.
+//
+//   nn::Sequential mlp(nn::Linear(784, 512), nn::ReLU(), nn::Linear(512, 10));
+//   Tensor loss = nn::cross_entropy(mlp.forward(x), y);
+//   nn::save(mlp, "mlp.safetensors");
+#pragma once
+#include "nn/init.h"
+#include "nn/layers.h"
+#include "nn/loss.h"
+#include "nn/module.h"
+#include "nn/options.h"
+#include "nn/sequential.h"
+#include "nn/serialize.h"

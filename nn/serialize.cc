@@ -1,0 +1,218 @@
+// safetensors reading and writing. See serialize.h.
+#include "nn/serialize.h"
+
+#include <bit>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "core/autograd.h"
+#include "core/shape.h"
+#include "ops/ops.h"
+
+namespace kiln::nn {
+
+static_assert(std::endian::native == std::endian::little, "safetensors stores little-endian bytes");
+
+namespace {
+
+struct DTypeTag {
+  DType dtype;
+  const char* tag;
+};
+constexpr DTypeTag kTags[] = {{DType::Float32, "F32"}, {DType::Float64, "F64"}, {DType::Float16, "F16"},
+                              {DType::BFloat16, "BF16"}, {DType::Int64, "I64"}, {DType::Int32, "I32"},
+                              {DType::Int8, "I8"},       {DType::UInt8, "U8"},  {DType::Bool, "BOOL"}};
+
+// Builds a realized tensor of `dtype` from raw little-endian bytes, bit-exactly.
+Tensor tensor_from_bytes(const char* bytes, DType dtype, const Shape& shape) {
+  int64_t n = numel(shape);
+  auto copy_as = [&]<typename T>(T) {
+    std::vector<T> values(n);
+    if (n > 0) std::memcpy(values.data(), bytes, n * sizeof(T));
+    return from_vector<T>(values, shape);
+  };
+  switch (dtype) {
+    case DType::Float32: return copy_as(float{});
+    case DType::Float64: return copy_as(double{});
+    case DType::Int64: return copy_as(int64_t{});
+    case DType::Int32: return copy_as(int32_t{});
+    case DType::Int8: return copy_as(int8_t{});
+    case DType::UInt8: return copy_as(uint8_t{});
+    default: {  // bool and the 16-bit floats convert to double and back exactly
+      std::vector<double> values(n);
+      for (int64_t i = 0; i < n; ++i) values[i] = load_as_double(bytes, dtype, i);
+      return from_doubles(values, shape, dtype);
+    }
+  }
+}
+
+struct Entry {
+  DType dtype;
+  Shape shape;
+  size_t begin, end;
+};
+
+std::vector<char> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  KILN_CHECK(in.good(), "load", "cannot open '{}'", path);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return bytes;
+}
+
+// Parses and checks the whole header against the file size; returns entries and data start.
+std::map<std::string, Entry> parse_header(const std::vector<char>& file, const std::string& path, size_t& data_start) {
+  KILN_CHECK(file.size() >= 8, "load", "'{}' is truncated: {} bytes, too short for a safetensors header", path,
+             file.size());
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, file.data(), 8);
+  KILN_CHECK(header_len <= file.size() - 8, "load", "'{}' is truncated or corrupt: header of {} bytes, file of {}",
+             path, header_len, file.size());
+  data_start = 8 + header_len;
+  size_t data_size = file.size() - data_start;
+  nlohmann::json header = nlohmann::json::parse(file.begin() + 8, file.begin() + data_start, nullptr, false);
+  KILN_CHECK(!header.is_discarded() && header.is_object(), "load", "'{}' has a corrupt header (not a JSON object)",
+             path);
+  std::map<std::string, Entry> entries;
+  for (auto& [name, info] : header.items()) {
+    if (name == "__metadata__") continue;
+    KILN_CHECK(info.is_object() && info.contains("dtype") && info.contains("shape") && info.contains("data_offsets"),
+               "load", "'{}': entry '{}' lacks dtype, shape or data_offsets", path, name);
+    KILN_CHECK(info["dtype"].is_string(), "load", "'{}': entry '{}' has a non-string dtype", path, name);
+    Entry e;
+    e.dtype = dtype_from_safetensors(info["dtype"].get<std::string>());
+    const auto& shape = info["shape"];
+    KILN_CHECK(shape.is_array(), "load", "'{}': entry '{}' has a shape that is not a list", path, name);
+    for (const auto& d : shape) {
+      KILN_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0, "load", "'{}': entry '{}' has a bad dimension {}",
+                 path, name, d.dump());
+      e.shape.push_back(d.get<int64_t>());
+    }
+    const auto& off = info["data_offsets"];
+    KILN_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
+               "load", "'{}': entry '{}' has malformed data_offsets", path, name);
+    e.begin = off[0].get<size_t>();
+    e.end = off[1].get<size_t>();
+    KILN_CHECK(e.begin <= e.end && e.end <= data_size, "load",
+               "'{}' is truncated or corrupt: '{}' needs bytes [{}, {}) of {}", path, name, e.begin, e.end, data_size);
+    size_t expected = static_cast<size_t>(numel(e.shape)) * dtype_size(e.dtype);
+    KILN_CHECK(e.end - e.begin == expected, "load", "'{}': entry '{}' holds {} bytes; {} {} needs {}", path, name,
+               e.end - e.begin, info["dtype"].get<std::string>(), shape_str(e.shape), expected);
+    entries.emplace(name, std::move(e));
+  }
+  return entries;
+}
+
+}  // namespace
+
+std::string safetensors_dtype(DType dtype) {
+  for (const auto& t : kTags)
+    if (t.dtype == dtype) return t.tag;
+  KILN_FAIL("save", "dtype {} has no safetensors tag", dtype_name(dtype));
+}
+
+DType dtype_from_safetensors(const std::string& tag) {
+  for (const auto& t : kTags)
+    if (tag == t.tag) return t.dtype;
+  KILN_FAIL("load", "unsupported safetensors dtype '{}'", tag);
+}
+
+void save_tensors(const TensorMap& tensors, const std::string& path, const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  std::vector<Tensor> all;
+  for (const auto& [name, t] : tensors) {
+    KILN_CHECK(!name.empty() && name != "__metadata__", "save", "invalid tensor name '{}'", name);
+    KILN_CHECK(t.defined(), "save", "tensor '{}' is undefined", name);
+    all.push_back(t);
+  }
+  sync(all);  // one plan realizes every pending value
+  size_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
+    header[name] = {{"dtype", safetensors_dtype(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  nlohmann::json meta = {{"format", "kiln"}};
+  for (const auto& [k, v] : metadata) meta[k] = v;
+  header["__metadata__"] = meta;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  uint64_t header_len = text.size();
+
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    KILN_CHECK(out.good(), "save", "cannot write '{}'", tmp);
+    out.write(reinterpret_cast<const char*>(&header_len), 8);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const auto& [name, t] : tensors)
+      if (t.numel() > 0)
+        out.write(static_cast<const char*>(t.data()), static_cast<std::streamsize>(t.numel() * dtype_size(t.dtype())));
+    out.flush();
+    if (!out.good()) {
+      std::remove(tmp.c_str());
+      KILN_FAIL("save", "writing '{}' failed (disk full?)", tmp);
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    KILN_FAIL("save", "cannot rename '{}' to '{}': {}", tmp, path, ec.message());
+  }
+}
+
+TensorMap load_tensors(const std::string& path) {
+  std::vector<char> file = read_file(path);
+  size_t data_start = 0;
+  auto entries = parse_header(file, path, data_start);
+  TensorMap out;
+  for (const auto& [name, e] : entries) out.emplace(name, tensor_from_bytes(file.data() + data_start + e.begin, e.dtype, e.shape));
+  return out;
+}
+
+void save(const Module& module, const std::string& path) {
+  TensorMap tensors;
+  for (const auto& [name, t] : module.state()) tensors.emplace(name, t);
+  save_tensors(tensors, path);
+}
+
+void load(Module& module, const std::string& path, bool strict) {
+  std::vector<char> file = read_file(path);
+  size_t data_start = 0;
+  auto entries = parse_header(file, path, data_start);
+  auto state = module.state();
+  // Validate everything before touching the module.
+  for (const auto& [name, t] : state) {
+    auto it = entries.find(name);
+    KILN_CHECK(it != entries.end(), "load", "'{}' has no tensor '{}' (a {} {} of {})", path, name,
+               dtype_name(t.dtype()), shape_str(t.shape()), module.type_name());
+    KILN_CHECK(it->second.shape == t.shape(), "load", "'{}': '{}' has shape {} in the file but {} in the module", path,
+               name, shape_str(it->second.shape), shape_str(t.shape()));
+    KILN_CHECK(it->second.dtype == t.dtype(), "load", "'{}': '{}' has dtype {} in the file but {} in the module", path,
+               name, dtype_name(it->second.dtype), dtype_name(t.dtype()));
+  }
+  if (strict) {
+    for (const auto& [name, _] : entries) {
+      bool known = false;
+      for (const auto& [n, t] : state) known = known || n == name;
+      KILN_CHECK(known, "load", "'{}' has tensor '{}' that {} does not have (pass strict = false to ignore)", path,
+                 name, module.type_name());
+    }
+  }
+  std::vector<Tensor> loaded;
+  for (const auto& [name, t] : state) {
+    const Entry& e = entries.at(name);
+    loaded.push_back(tensor_from_bytes(file.data() + data_start + e.begin, e.dtype, e.shape));
+  }
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < state.size(); ++i) state[i].second.assign(loaded[i]);
+  std::vector<Tensor> targets;
+  for (auto& [_, t] : state) targets.push_back(t);
+  sync(targets);
+}
+
+}  // namespace kiln::nn

@@ -1,0 +1,39 @@
+// Checkpoints in the safetensors format, so weights open in the Python ecosystem:
+//   8 bytes   little-endian uint64 N, the header length
+//   N bytes   JSON: {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
+//             "__metadata__": {"format": "kiln"}}, padded with spaces to a multiple of 8
+//   the rest  raw little-endian tensor bytes; offsets are relative to the start of this part
+//
+//   nn::save(net, "net.safetensors");         // parameters and buffers, dotted names
+//   nn::load(net, "net.safetensors");         // all-or-nothing: validates, then assigns
+//   nn::save_tensors({{"step", t}}, "opt.safetensors");
+//   auto state = nn::load_tensors("opt.safetensors");
+//
+// Files are written to a temporary name and renamed, so a crash never leaves half a checkpoint.
+#pragma once
+#include <map>
+#include <string>
+
+#include "core/tensor.h"
+#include "nn/module.h"
+
+namespace kiln::nn {
+
+using TensorMap = std::map<std::string, Tensor>;
+
+void save_tensors(const TensorMap& tensors, const std::string& path,
+                  const std::map<std::string, std::string>& metadata = {});
+// Throws kiln::Error naming the problem for a missing, truncated or malformed file.
+TensorMap load_tensors(const std::string& path);
+
+void save(const Module& module, const std::string& path);
+// Every parameter and buffer of `module` must be in the file with the same shape and dtype;
+// otherwise throws kiln::Error naming the key, and the module is left unchanged. Keys in the file
+// that the module lacks are errors too unless `strict` is false.
+void load(Module& module, const std::string& path, bool strict = true);
+
+// The safetensors dtype tag ("F32", "BF16", "I64", "BOOL", ...) and back.
+std::string safetensors_dtype(DType dtype);
+DType dtype_from_safetensors(const std::string& tag);
+
+}  // namespace kiln::nn

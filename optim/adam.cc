@@ -1,0 +1,51 @@
+// Adam and AdamW: see adam.h for the update rules.
+#include "optim/adam.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace kiln::optim {
+
+namespace {
+void check(const AdamOptions& o) {
+  KILN_CHECK(o.lr() >= 0 && o.eps() >= 0 && o.weight_decay() >= 0, "optim::Adam",
+             "lr {}, eps {} and weight_decay {} must not be negative", o.lr(), o.eps(), o.weight_decay());
+  KILN_CHECK(o.beta1() >= 0 && o.beta1() < 1 && o.beta2() >= 0 && o.beta2() < 1, "optim::Adam",
+             "betas must lie in [0, 1), got ({}, {})", o.beta1(), o.beta2());
+}
+}  // namespace
+
+Adam::Adam(std::vector<Tensor> params, AdamOptions options)
+    : Adam(std::vector<ParamGroup<AdamOptions>>{{std::move(params), options}}) {}
+
+Adam::Adam(std::vector<ParamGroup<AdamOptions>> groups, bool decoupled_weight_decay)
+    : OptimizerWith(std::move(groups)), decoupled_weight_decay_(decoupled_weight_decay) {
+  for (const auto& g : groups_) check(g.options);
+}
+
+AdamW::AdamW(std::vector<Tensor> params, AdamOptions options)
+    : Adam(std::vector<ParamGroup<AdamOptions>>{{std::move(params), options}}, true) {}
+
+void Adam::update(size_t group, Tensor& param, const Tensor& grad, ParamState& state) {
+  const AdamOptions& o = groups_[group].options;
+  check(o);
+  const double t = static_cast<double>(state.step);
+  const double bias_correction1 = 1.0 - std::pow(o.beta1(), t);
+  const double bias_correction2 = 1.0 - std::pow(o.beta2(), t);
+  Tensor g = grad;
+  Tensor p = param;
+  if (o.weight_decay() != 0) {
+    if (decoupled_weight_decay_) p = p * (1.0 - o.lr() * o.weight_decay());
+    else g = g + param * o.weight_decay();
+  }
+  Tensor& m = state.tensors.at("exp_avg");     // shaped like param
+  Tensor& v = state.tensors.at("exp_avg_sq");  // shaped like param
+  m.assign(m * o.beta1() + g * (1.0 - o.beta1()));
+  v.assign(v * o.beta2() + g * g * (1.0 - o.beta2()));
+  Tensor denom = sqrt(v) * (1.0 / std::sqrt(bias_correction2)) + o.eps();
+  param.assign(p - m * (o.lr() / bias_correction1) / denom);
+}
+
+}  // namespace kiln::optim

@@ -1,0 +1,31 @@
+// clip_grad_norm: see clip.h.
+#include "optim/clip.h"
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace kiln::optim {
+
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  KILN_CHECK(max_norm > 0, "optim::clip_grad_norm", "max_norm must be positive, got {}", max_norm);
+  NoGradGuard no_grad;
+  Tensor sum_of_squares;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    Tensor s = (g * g).cast(DType::Float32).sum();
+    sum_of_squares = sum_of_squares.defined() ? sum_of_squares + s : s;
+  }
+  if (!sum_of_squares.defined()) return scalar(0.0);
+  Tensor total = sqrt(sum_of_squares);
+  Tensor scale = minimum(max_norm / (total + 1e-6), scalar(1.0));  // 0-d
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    Tensor(p).set_grad(g * scale.cast(g.dtype()));
+  }
+  return total;
+}
+
+}  // namespace kiln::optim

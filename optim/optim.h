@@ -1,0 +1,11 @@
+// kiln::optim: optimizers (SGD, Adam, AdamW), learning-rate schedules and gradient clipping.
+//
+//   kiln::optim::Adam opt(params, kiln::optim::AdamOptions(1e-3));
+//   kiln::optim::CosineAnnealingLR schedule(opt, /*T_max=*/1000);
+//   for (...) { opt.step(loss_of(batch)); schedule.step(); }
+#pragma once
+#include "optim/adam.h"
+#include "optim/clip.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+#include "optim/sgd.h"

@@ -1,0 +1,140 @@
+// The optimizer base: gradients in, one sync of every update out. See optimizer.h.
+#include "optim/optimizer.h"
+
+#include <cstdio>
+#include <set>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace kiln::optim {
+
+void Optimizer::zero_grad() {
+  for (size_t g = 0; g < group_count(); ++g)
+    for (Tensor p : group_params(g)) p.zero_grad();
+}
+
+void Optimizer::set_lr(double lr) {
+  for (size_t g = 0; g < group_count(); ++g) set_group_lr(g, lr);
+}
+
+std::vector<Tensor> Optimizer::parameters() const {
+  std::vector<Tensor> all;
+  for (size_t g = 0; g < group_count(); ++g)
+    for (const Tensor& p : group_params(g)) all.push_back(p);
+  return all;
+}
+
+void Optimizer::resize_state() {
+  state_.resize(group_count());
+  for (size_t g = 0; g < group_count(); ++g) state_[g].resize(group_params(g).size());
+}
+
+void Optimizer::step() {
+  std::vector<Tensor> grads;
+  for (const Tensor& p : parameters()) grads.push_back(p.grad());
+  apply(grads, {});
+}
+
+void Optimizer::step(const Tensor& loss) {
+  KILN_CHECK(loss.defined() && loss.numel() == 1, "optim::step", "the loss must be a single value, got {}",
+             loss.defined() ? loss.str() : std::string("an undefined tensor"));
+  std::vector<Tensor> params = parameters();
+  std::vector<Tensor> trainable;
+  for (const Tensor& p : params)
+    if (p.requires_grad()) trainable.push_back(p);
+  std::vector<Tensor> found = grad(loss, trainable);
+  std::vector<Tensor> grads;
+  size_t next = 0;
+  for (const Tensor& p : params) grads.push_back(p.requires_grad() ? found[next++] : Tensor());
+  apply(grads, loss);
+}
+
+// Records every update, then runs them (with the loss and any gradient a user still holds
+// through p.grad()) as one plan, in parameter order.
+void Optimizer::apply(const std::vector<Tensor>& grads, const Tensor& loss) {
+  resize_state();
+  NoGradGuard no_grad;
+  // State tensors start as realized zeros, so the first step's graph is the same as every
+  // later one's and the plan cache serves all of them.
+  std::vector<Tensor> fresh;
+  size_t flat = 0;
+  for (size_t g = 0; g < group_count(); ++g) {
+    for (size_t i = 0; i < group_params(g).size(); ++i, ++flat) {
+      if (!grads[flat].defined()) continue;
+      for (const std::string& name : state_names(g)) {
+        auto& slot = state_[g][i].tensors[name];
+        if (slot.defined()) continue;  // loaded from a checkpoint
+        const Tensor& p = group_params(g)[i];
+        slot = zeros(p.shape(), p.dtype());
+        fresh.push_back(slot);
+      }
+    }
+  }
+  if (!fresh.empty()) sync(fresh);
+
+  std::vector<Tensor> outputs;
+  flat = 0;
+  for (size_t g = 0; g < group_count(); ++g) {
+    for (size_t i = 0; i < group_params(g).size(); ++i, ++flat) {
+      if (!grads[flat].defined()) continue;
+      Tensor p = group_params(g)[i];
+      ParamState& state = state_[g][i];
+      state.step++;
+      update(g, p, grads[flat], state);
+      outputs.push_back(p);
+      for (auto& [name, t] : state.tensors) outputs.push_back(t);
+    }
+  }
+  // A gradient left in p.grad() is realized with the step (PyTorch keeps .grad after step() as
+  // well): a pending gradient would still read the old parameter values and so keep the executor
+  // from updating the parameters in place.
+  for (const Tensor& p : parameters())
+    if (p.grad().defined()) outputs.push_back(p.grad());
+  if (loss.defined()) outputs.push_back(loss);
+  if (!outputs.empty()) sync(outputs);
+}
+
+std::map<std::string, Tensor> Optimizer::state() const {
+  std::map<std::string, Tensor> out;
+  for (size_t g = 0; g < state_.size(); ++g) {
+    for (size_t i = 0; i < state_[g].size(); ++i) {
+      const ParamState& s = state_[g][i];
+      if (s.step == 0 && s.tensors.empty()) continue;
+      std::string prefix = fmt::format("{}.{}.", g, i);
+      for (const auto& [name, t] : s.tensors) out[prefix + name] = t;
+      out[prefix + "step"] = full({}, static_cast<double>(s.step), DType::Int64);
+    }
+  }
+  return out;
+}
+
+void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
+  resize_state();
+  std::vector<std::vector<ParamState>> loaded(state_.size());
+  for (size_t g = 0; g < state_.size(); ++g) loaded[g].resize(state_[g].size());
+  for (const auto& [key, value] : state) {
+    size_t g = 0, i = 0;
+    int used = 0;
+    bool parsed = std::sscanf(key.c_str(), "%zu.%zu.%n", &g, &i, &used) == 2 && used > 0;
+    KILN_CHECK(parsed && g < loaded.size() && i < loaded[g].size(), "optim::load_state",
+               "unknown state key `{}`: this optimizer has {} parameter groups", key, loaded.size());
+    std::string name = key.substr(static_cast<size_t>(used));
+    if (name == "step") {
+      KILN_CHECK(value.numel() == 1, "optim::load_state", "`{}` must be a single number, got {}", key, value.str());
+      loaded[g][i].step = static_cast<int64_t>(value.item());
+      continue;
+    }
+    std::vector<std::string> names = state_names(g);
+    KILN_CHECK(std::set<std::string>(names.begin(), names.end()).count(name), "optim::load_state",
+               "unknown state key `{}`: parameters of group {} have no state `{}`", key, g, name);
+    const Tensor& p = group_params(g)[i];
+    KILN_CHECK(value.shape() == p.shape(), "optim::load_state", "`{}` is {} but its parameter is {}", key,
+               value.str(), p.str());
+    loaded[g][i].tensors[name] = value.dtype() == p.dtype() ? value.detach() : value.cast(p.dtype());
+  }
+  state_ = std::move(loaded);
+}
+
+}  // namespace kiln::optim

@@ -1,0 +1,116 @@
+// Optimizers: the base class every optimizer derives from, with parameter groups, a first-class
+// learning rate, and named state for checkpoints. An update is recorded as lazy ops and run with
+// the forward and backward as one plan, so a training step is one fused, cached graph.
+//
+//   kiln::optim::SGD opt(params, kiln::optim::SGDOptions(0.05).momentum(0.9));
+//   opt.zero_grad(); loss.backward(); opt.step();   // PyTorch style: uses p.grad()
+//   opt.step(loss);                                  // Jittor style: takes the gradients itself
+//   opt.set_lr(0.01);                                // every group; no recompile (lr is bound at run time)
+//   auto state = opt.state();                        // {"0.3.momentum_buffer": Tensor, ...}
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+// A chainable option: `name()` reads it, `name(value)` sets it and returns the options struct,
+// so options read like `SGDOptions(0.1).momentum(0.9).nesterov(true)`.
+#define KILN_OPTION(Type, name, default_value)   \
+ public:                                        \
+  auto& name(Type value) {                      \
+    name##_ = value;                            \
+    return *this;                               \
+  }                                             \
+  Type name() const { return name##_; }         \
+                                                \
+ private:                                       \
+  Type name##_ = default_value;                 \
+                                                \
+ public:
+
+namespace kiln::optim {
+
+// The per-parameter state of an optimizer: named tensors shaped like the parameter (momentum,
+// Adam moments) and how many updates the parameter has had.
+struct ParamState {
+  std::map<std::string, Tensor> tensors;
+  int64_t step = 0;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+
+  // Clears p.grad() of every parameter (the next backward() starts from nothing).
+  void zero_grad();
+  // Updates every parameter that has a gradient from p.grad(), and runs the updates (one sync of
+  // the parameters and their state). Parameters without a gradient are left alone.
+  void step();
+  // Computes d(loss)/d(params) itself (kiln::grad; p.grad() is neither read nor written) and
+  // updates every parameter, running loss, gradients and updates as one plan. The graph behind
+  // `loss` is consumed; loss.item() afterwards is free.
+  void step(const Tensor& loss);
+
+  // The learning rate: set_lr sets every group's; lr() reads group 0's.
+  void set_lr(double lr);
+  double lr() const { return group_lr(0); }
+  virtual size_t group_count() const = 0;
+  virtual double group_lr(size_t group) const = 0;
+  virtual void set_group_lr(size_t group, double lr) = 0;
+  virtual const std::vector<Tensor>& group_params(size_t group) const = 0;
+  std::vector<Tensor> parameters() const;  // every group's, in order
+
+  // Named state for checkpoints: "{group}.{index}.{name}" for each state tensor and
+  // "{group}.{index}.step" (an int64 scalar) for the update count, for every parameter that has
+  // state. load_state replaces the whole state (parameters absent from the map start fresh); an
+  // unknown key or a shape that does not match throws kiln::Error and changes nothing.
+  std::map<std::string, Tensor> state() const;
+  void load_state(const std::map<std::string, Tensor>& state);
+
+ protected:
+  // Records the update of parameter `index` of `group` from gradient `grad` (under NoGradGuard):
+  // p.assign(...) and, for state, state.tensors[name].assign(...). `state.step` has already been
+  // incremented. State tensors are created by init_state before the first update.
+  virtual void update(size_t group, Tensor& param, const Tensor& grad, ParamState& state) = 0;
+  // Names of the state tensors each parameter gets (created as realized zeros like the parameter).
+  virtual std::vector<std::string> state_names(size_t group) const = 0;
+  // Grows the state table to match the groups (called before it is used).
+  void resize_state();
+
+ private:
+  void apply(const std::vector<Tensor>& grads, const Tensor& loss);
+  std::vector<std::vector<ParamState>> state_;  // [group][index]
+};
+
+// One group of parameters and the options they are updated with.
+template <class Options>
+struct ParamGroup {
+  std::vector<Tensor> params;
+  Options options;
+};
+
+// The group bookkeeping shared by every optimizer with an options struct of type Options (which
+// has at least lr()). group(g) gives a group's options to read or change.
+template <class Options>
+class OptimizerWith : public Optimizer {
+ public:
+  explicit OptimizerWith(std::vector<ParamGroup<Options>> groups) : groups_(std::move(groups)) {}
+
+  void add_param_group(std::vector<Tensor> params, Options options) {
+    groups_.push_back({std::move(params), options});
+  }
+  ParamGroup<Options>& group(size_t g) { return groups_.at(g); }
+  const ParamGroup<Options>& group(size_t g) const { return groups_.at(g); }
+
+  size_t group_count() const override { return groups_.size(); }
+  double group_lr(size_t g) const override { return groups_.at(g).options.lr(); }
+  void set_group_lr(size_t g, double lr) override { groups_.at(g).options.lr(lr); }
+  const std::vector<Tensor>& group_params(size_t g) const override { return groups_.at(g).params; }
+
+ protected:
+  std::vector<ParamGroup<Options>> groups_;
+};
+
+}  // namespace kiln::optim

@@ -1,0 +1,47 @@
+// SGD: see sgd.h for the update rule.
+#include "optim/sgd.h"
+
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace kiln::optim {
+
+namespace {
+void check(const SGDOptions& o) {
+  KILN_CHECK(o.lr() >= 0 && o.momentum() >= 0 && o.weight_decay() >= 0, "optim::SGD",
+             "lr {}, momentum {} and weight_decay {} must not be negative", o.lr(), o.momentum(), o.weight_decay());
+  KILN_CHECK(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0), "optim::SGD",
+             "Nesterov momentum needs momentum > 0 and dampening 0 (got momentum {}, dampening {})", o.momentum(),
+             o.dampening());
+}
+}  // namespace
+
+SGD::SGD(std::vector<Tensor> params, SGDOptions options)
+    : SGD(std::vector<ParamGroup<SGDOptions>>{{std::move(params), options}}) {}
+
+SGD::SGD(std::vector<ParamGroup<SGDOptions>> groups) : OptimizerWith(std::move(groups)) {
+  for (const auto& g : groups_) check(g.options);
+}
+
+std::vector<std::string> SGD::state_names(size_t group) const {
+  if (groups_[group].options.momentum() == 0) return {};
+  return {"momentum_buffer"};
+}
+
+void SGD::update(size_t group, Tensor& param, const Tensor& grad, ParamState& state) {
+  const SGDOptions& o = groups_[group].options;
+  check(o);
+  Tensor g = grad;
+  if (o.weight_decay() != 0) g = g + param * o.weight_decay();
+  if (o.momentum() != 0) {
+    // The buffer starts as zeros, so the first step's `buf = g` is `0 * buf + 1 * g`: the same
+    // graph as every later step, with different run-time scalars.
+    bool first = state.step == 1;
+    Tensor& buf = state.tensors.at("momentum_buffer");
+    buf.assign(buf * (first ? 0.0 : o.momentum()) + g * (first ? 1.0 : 1.0 - o.dampening()));
+    g = o.nesterov() ? g + buf * o.momentum() : buf;
+  }
+  param.assign(param - g * o.lr());
+}
+
+}  // namespace kiln::optim

@@ -13,17 +13,17 @@
 
 #include "core/tensor.h"
 #include "nn/module.h"
-#include "nn/options.h"
+#include "core/options.h"
 
 namespace kiln::nn {
 
 class LinearOptions {
  public:
   LinearOptions(int64_t in_features, int64_t out_features) : in_features_(in_features), out_features_(out_features) {}
-  KILN_NN_OPTION(int64_t, in_features, 0);
-  KILN_NN_OPTION(int64_t, out_features, 0);
-  KILN_NN_OPTION(bool, bias, true);
-  KILN_NN_OPTION(DType, dtype, DType::Float32);
+  KILN_OPTION(int64_t, in_features, 0)
+  KILN_OPTION(int64_t, out_features, 0)
+  KILN_OPTION(bool, bias, true)
+  KILN_OPTION(DType, dtype, DType::Float32)
 };
 
 // y = x @ weight^T + bias. x (..., in) -> (..., out). weight (out, in) as in PyTorch, so
@@ -90,9 +90,9 @@ class Flatten : public Module {
 class LayerNormOptions {
  public:
   LayerNormOptions(Shape normalized_shape) : normalized_shape_(std::move(normalized_shape)) {}
-  KILN_NN_OPTION(Shape, normalized_shape, {});
-  KILN_NN_OPTION(double, eps, 1e-5);
-  KILN_NN_OPTION(bool, elementwise_affine, true);
+  KILN_OPTION(Shape, normalized_shape, {})
+  KILN_OPTION(double, eps, 1e-5)
+  KILN_OPTION(bool, elementwise_affine, true)
 };
 
 // Normalizes over the trailing `normalized_shape` dims; weight (ones) and bias (zeros) of that shape.
@@ -117,11 +117,11 @@ class Embedding : public Module {
 class BatchNorm1dOptions {
  public:
   BatchNorm1dOptions(int64_t features) : features_(features) {}
-  KILN_NN_OPTION(int64_t, features, 0);
-  KILN_NN_OPTION(double, eps, 1e-5);
-  KILN_NN_OPTION(double, momentum, 0.1);  // running = (1 - momentum) * running + momentum * batch
-  KILN_NN_OPTION(bool, affine, true);
-  KILN_NN_OPTION(bool, track_running_stats, true);
+  KILN_OPTION(int64_t, features, 0)
+  KILN_OPTION(double, eps, 1e-5)
+  KILN_OPTION(double, momentum, 0.1)  // running = (1 - momentum) * running + momentum * batch
+  KILN_OPTION(bool, affine, true)
+  KILN_OPTION(bool, track_running_stats, true)
 };
 
 // x (N, C) or (N, C, L). Training: normalizes with the batch mean and (biased) variance and

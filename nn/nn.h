@@ -8,6 +8,6 @@
 #include "nn/layers.h"
 #include "nn/loss.h"
 #include "nn/module.h"
-#include "nn/options.h"
+#include "core/options.h"
 #include "nn/sequential.h"
 #include "nn/serialize.h"

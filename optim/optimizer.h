@@ -13,22 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "core/options.h"
 #include "core/tensor.h"
 
-// A chainable option: `name()` reads it, `name(value)` sets it and returns the options struct,
-// so options read like `SGDOptions(0.1).momentum(0.9).nesterov(true)`.
-#define KILN_OPTION(Type, name, default_value)   \
- public:                                        \
-  auto& name(Type value) {                      \
-    name##_ = value;                            \
-    return *this;                               \
-  }                                             \
-  Type name() const { return name##_; }         \
-                                                \
- private:                                       \
-  Type name##_ = default_value;                 \
-                                                \
- public:
 
 namespace kiln::optim {
 

@@ -1,0 +1,139 @@
+// train_mnist: trains an MLP (784-512-512-10) on Fashion-MNIST with SGD + momentum, printing a
+// progress bar per epoch and the test accuracy after each one.
+//
+//   ./build/samples/train_mnist --epochs 1
+//   ./build/samples/train_mnist --epochs 3 --lr 0.05 --batch 128 --save mlp.safetensors --log-csv loss.csv
+//
+// Data: Debian's dataset-fashion-mnist package (apt-get install dataset-fashion-mnist), or
+// --data DIR holding the four IDX .gz files. KILN_* flags apply (e.g. KILN_LOG=1, KILN_MEMORY_POOL).
+#include <kiln/kiln.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+namespace nn = kiln::nn;
+namespace data = kiln::data;
+using kiln::Tensor;
+
+// 784 -> 512 -> 512 -> 10 with ReLU.
+struct Mlp : nn::Module {
+  Mlp() : Module("Mlp") {}
+  nn::Linear fc1 = register_module("fc1", nn::Linear(784, 512));
+  nn::Linear fc2 = register_module("fc2", nn::Linear(512, 512));
+  nn::Linear fc3 = register_module("fc3", nn::Linear(512, 10));
+  Tensor forward(const Tensor& x) {  // x: (B, 784) -> logits (B, 10)
+    return fc3.forward(kiln::relu(fc2.forward(kiln::relu(fc1.forward(x)))));
+  }
+};
+
+// Share of correct predictions in a batch of logits (B, 10) against labels (B).
+static int64_t count_correct(const Tensor& logits, const Tensor& labels) {
+  auto predicted = kiln::argmax(logits, 1).to_vector<int64_t>();
+  auto truth = labels.to_vector<int64_t>();
+  int64_t correct = 0;
+  for (size_t i = 0; i < truth.size(); ++i) correct += predicted[i] == truth[i];
+  return correct;
+}
+
+static double evaluate(Mlp& model, const data::Dataset& test) {
+  kiln::NoGradGuard no_grad;
+  model.eval();
+  data::DataLoader loader(test, data::DataLoaderOptions(1000));
+  int64_t correct = 0;
+  for (data::Batch& batch : loader) correct += count_correct(model.forward(batch.input), batch.target);
+  model.train();
+  return 100.0 * static_cast<double>(correct) / static_cast<double>(test.size());
+}
+
+// One line, rewritten in place: [#####.....] step 120/468  loss 0.4312  acc 84.1%  9870 ex/s  mem 12.0 MiB
+static void progress(int epoch, int64_t step, int64_t steps, double loss, double accuracy, double rate) {
+  constexpr int kWidth = 24;
+  int filled = static_cast<int>(kWidth * step / std::max<int64_t>(steps, 1));
+  std::string bar(filled, '#');
+  bar.resize(kWidth, '.');
+  auto pool = kiln::memory::pool_stats();
+  fmt::print("\repoch {} [{}] step {}/{}  loss {:.4f}  acc {:5.1f}%  {:6.0f} ex/s  mem {}  ", epoch, bar, step, steps,
+             loss, accuracy, rate, kiln::memory::format_bytes(pool.reserved.current));
+  std::fflush(stdout);
+}
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train an MLP on Fashion-MNIST with kiln"};
+  int epochs = 1;
+  int64_t max_steps = -1, batch_size = 128;
+  double lr = 0.05;
+  std::string model_name = "mlp", device = "cpu", save_path, load_path, csv_path, data_dir;
+  uint64_t seed = 0;
+  app.add_option("--epochs", epochs, "passes over the training set")->check(CLI::PositiveNumber);
+  app.add_option("--max-steps", max_steps, "stop after this many steps in all (-1: no limit)");
+  app.add_option("--batch", batch_size, "examples per step")->check(CLI::PositiveNumber);
+  app.add_option("--lr", lr, "learning rate of SGD (momentum 0.9)")->check(CLI::PositiveNumber);
+  app.add_option("--model", model_name, "model: mlp")->check(CLI::IsMember({"mlp"}));
+  app.add_option("--device", device, "cpu")->check(CLI::IsMember({"cpu"}));
+  app.add_option("--seed", seed, "seed of initialization and shuffling");
+  app.add_option("--save", save_path, "write the trained weights (safetensors)");
+  app.add_option("--load", load_path, "start from these weights (safetensors)");
+  app.add_option("--log-csv", csv_path, "write step,loss per step to this CSV file");
+  app.add_option("--data", data_dir, "folder with the Fashion-MNIST IDX files");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    kiln::manual_seed(seed);
+    if (data_dir.empty()) data_dir = data::default_fashion_mnist_dir();
+    data::FashionMnist train(data_dir, data::Split::Train);
+    data::FashionMnist test(data_dir, data::Split::Test);
+
+    Mlp model;
+    if (!load_path.empty()) nn::load(model, load_path);
+    std::cout << model << "\n";
+    kiln::optim::SGD optimizer(model.parameters(), kiln::optim::SGDOptions(lr).momentum(0.9));
+    data::DataLoader loader(train, data::DataLoaderOptions(batch_size).shuffle(true).seed(seed).drop_last(true));
+    std::ofstream csv;
+    if (!csv_path.empty()) {
+      csv.open(csv_path);
+      KILN_CHECK(csv.good(), "train_mnist", "cannot write {}", csv_path);
+      csv << "step,loss\n";
+    }
+
+    int64_t global_step = 0;
+    double accuracy = 0;
+    for (int epoch = 1; epoch <= epochs && global_step != max_steps; ++epoch) {
+      auto start = std::chrono::steady_clock::now();
+      int64_t step = 0, seen = 0, correct = 0;
+      for (data::Batch& batch : loader) {
+        Tensor logits = model.forward(batch.input);
+        Tensor loss = nn::cross_entropy(logits, batch.target);
+        optimizer.zero_grad();
+        loss.backward();
+        optimizer.step();  // forward, backward and update run here as one cached plan
+        double loss_value = loss.item();
+        correct += count_correct(logits, batch.target);
+        seen += batch.target.numel();
+        ++step;
+        ++global_step;
+        if (csv.is_open()) csv << fmt::format("{},{:.9g}\n", global_step, loss_value);
+        double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (step % 10 == 0 || step == static_cast<int64_t>(loader.size()))
+          progress(epoch, step, static_cast<int64_t>(loader.size()), loss_value, 100.0 * correct / seen, seen / seconds);
+        if (global_step == max_steps) break;
+      }
+      accuracy = evaluate(model, test);
+      fmt::print("\nepoch {}: test accuracy {:.2f}%\n", epoch, accuracy);
+    }
+    fmt::print("test accuracy: {:.2f}%\n", accuracy);
+    if (!save_path.empty()) {
+      nn::save(model, save_path);
+      fmt::print("saved {}\n", save_path);
+    }
+    const auto& jit = kiln::jit::stats();
+    fmt::print("jit: {} kernels compiled, {} plan cache hits, {:.2f} s compiling\n", jit.kernels_compiled,
+               jit.plan_cache_hits, jit.compile_seconds);
+  } catch (const kiln::Error& e) {
+    fmt::print(stderr, "\nerror: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

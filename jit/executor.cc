@@ -137,17 +137,28 @@ void find_in_place_updates(Plan& plan, const PendingGraph& graph) {
   }
 }
 
+// Nodes of this graph that keep their inputs after the run: lazy views a user holds, and results
+// autograd may still go through. Usually none; computed once per run.
+std::vector<size_t> history_keepers(const PendingGraph& graph) {
+  std::vector<bool> is_output(graph.nodes.size(), false);
+  for (int o : graph.outputs) is_output[o] = true;
+  std::vector<size_t> keepers;
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    const Node& n = *graph.nodes[i];
+    if (n.inputs.empty()) continue;
+    if (is_output[i] ? n.requires_grad && !n.grad_leaf && !n.backward_done : n.held > 0) keepers.push_back(i);
+  }
+  return keepers;
+}
+
 // Whether nothing outside this run can observe the old value of external `e`: no handle, no
-// other node, and no node of this graph that keeps its history after the run.
-bool old_value_unobserved(const PendingGraph& graph, int e) {
+// other node, and none of the graph's history keepers depends on it.
+bool old_value_unobserved(const PendingGraph& graph, int e, const std::vector<size_t>& keepers) {
   const NodePtr& old = graph.externals[e];
   // Storage owners: the node and run_plan's binding table.
   if (old->held > 0 || old->storage.use_count() != 2) return false;
   if (old.use_count() != 1 + graph.external_edges[e]) return false;
-  std::vector<bool> is_output(graph.nodes.size(), false);
-  for (int o : graph.outputs) is_output[o] = true;
-  // Nodes of this graph that keep their inputs after the run: lazy views a user holds, and
-  // results autograd may still go through. None of them may depend on the old value.
+  if (keepers.empty()) return true;
   std::vector<char> state(graph.nodes.size(), 0);  // 0 unknown, 1 reaches `old`, 2 does not
   auto reaches_old = [&](size_t start) {
     std::vector<std::pair<size_t, size_t>> stack{{start, 0}};
@@ -169,12 +180,8 @@ bool old_value_unobserved(const PendingGraph& graph, int e) {
     }
     return state[start] == 1;
   };
-  for (size_t i = 0; i < graph.nodes.size(); ++i) {
-    const Node& n = *graph.nodes[i];
-    if (n.inputs.empty()) continue;
-    bool keeps_history = is_output[i] ? n.requires_grad && !n.grad_leaf && !n.backward_done : n.held > 0;
-    if (keeps_history && reaches_old(i)) return false;
-  }
+  for (size_t i : keepers)
+    if (reaches_old(i)) return false;
   return true;
 }
 
@@ -284,8 +291,9 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
   }
   const bool poison = flags().debug_memory;
   // Parameter updates in place, where nobody else can see the old value.
+  const std::vector<size_t> keepers = plan.updates.empty() ? std::vector<size_t>{} : history_keepers(graph);
   for (auto [out, ext] : plan.updates) {
-    if (!old_value_unobserved(graph, s.slots[ext].external)) continue;
+    if (!old_value_unobserved(graph, s.slots[ext].external, keepers)) continue;
     storage[out] = storage[ext];
     ptrs[out] = ptrs[ext];
   }

@@ -16,16 +16,8 @@
 using kiln::DType;
 using kiln::Shape;
 using kiln::Tensor;
-using kiln::testing::as_float;
-using kiln::testing::check_close;
-using kiln::testing::f32;
-using kiln::testing::i32;
-using kiln::testing::i64;
-using kiln::testing::kInf;
-using kiln::testing::kNaN;
-using kiln::testing::map_values;
+using namespace kiln::testing;  // check_close, f32/i32/i64, kInf, kNaN, Index3, ...
 
-using kiln::testing::Index3;
 
 TEST_CASE("float32 unary ops against libm", "[forward][elementwise]") {
   std::vector<double> x = {-3.7, -2.5, -1.0, -0.3, -1e-3, 1e-3, 0.25, 0.5, 1.0, 2.0, 3.3, 7.5};

@@ -16,15 +16,8 @@
 using kiln::DType;
 using kiln::Shape;
 using kiln::Tensor;
-using kiln::testing::as_float;
-using kiln::testing::check_close;
-using kiln::testing::f32;
-using kiln::testing::i32;
-using kiln::testing::i64;
-using kiln::testing::kInf;
-using kiln::testing::kNaN;
+using namespace kiln::testing;  // check_close, f32/i32/i64, kInf, kNaN, Index3, ...
 
-using kiln::testing::Index3;
 
 TEST_CASE("sum, max, min and mean over axes", "[forward][reduce]") {
   const Index3 at{2, 3, 4};

@@ -30,7 +30,8 @@ namespace kiln {
   /* reindexing */                                                                      \
   X(Gather, Index) X(ScatterAdd, Index)                                                 \
   /* library ops: kernel boundaries computed by oneDNN / cuBLAS */                      \
-  X(Matmul, Library)
+  X(Matmul, Library) X(Conv2d, Library) X(Conv2dBackwardData, Library)                  \
+  X(Conv2dBackwardWeight, Library)
 
 enum class Op : uint8_t {
 #define KILN_OP_ENUM(name, kind) name,

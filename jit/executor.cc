@@ -16,6 +16,7 @@
 #include "memory/planner.h"
 #include "memory/pool.h"
 #include "memory/recompute.h"
+#include "ops/conv_onednn.h"
 #include "ops/matmul_onednn.h"
 
 namespace kiln::jit {
@@ -195,7 +196,7 @@ std::unique_ptr<Plan> build_plan(const PendingGraph& graph) {
   for (size_t k = 0; k < s.kernels.size(); ++k) {
     for (const KernelBuffer& b : s.kernels[k].buffers) plan->last_use[b.slot] = static_cast<int>(k);
     plan->producer[s.kernels[k].buffers[0].slot] = static_cast<int>(k);
-    jit_kernels += s.kernels[k].kind != KernelKind::Matmul;
+    jit_kernels += !is_library(s.kernels[k].kind);
   }
   plan_buffers(*plan);
   find_in_place_updates(*plan, graph);
@@ -205,7 +206,7 @@ std::unique_ptr<Plan> build_plan(const PendingGraph& graph) {
   if (jit_kernels > 0) {
     plan->module = compile_cached(render_cpp(s.kernels), jit_kernels);
     for (size_t k = 0; k < s.kernels.size(); ++k)
-      if (s.kernels[k].kind != KernelKind::Matmul)
+      if (!is_library(s.kernels[k].kind))
         plan->fns[k] = reinterpret_cast<KernelFn>(plan->module->symbol(s.kernels[k].name));
   }
   stats().plans_built++;
@@ -263,6 +264,12 @@ void run_matmul(const Kernel& k, void* const* ptrs) {
   onednn::matmul(t, a, mm.a_strides, b, mm.b_strides, ptrs[k.buffers[0].slot], mm.batch, mm.M, mm.K, mm.N);
 }
 
+void run_conv(const Kernel& k, void* const* ptrs) {
+  const ConvCall& c = k.conv;
+  onednn::conv2d(c.pass, k.buffers[0].dtype, c.geometry, ptrs[k.buffers[c.a_buffer].slot],
+                 ptrs[k.buffers[c.b_buffer].slot], ptrs[k.buffers[0].slot]);
+}
+
 void run_plan(const Plan& plan, const PendingGraph& graph) {
   const Schedule& s = plan.schedule;
   std::vector<std::shared_ptr<Storage>> storage(s.slots.size());
@@ -311,6 +318,7 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
     auto start = std::chrono::steady_clock::now();
     int64_t error[2] = {0, 0};
     if (kernel.kind == KernelKind::Matmul) run_matmul(kernel, ptrs.data());
+    else if (kernel.kind == KernelKind::Conv) run_conv(kernel, ptrs.data());
     else plan.fns[k](ptrs.data(), scalars.data(), int_scalars.data(), error);
     stats().kernels_run++;
     if (flags().log >= 2 || memory::tracing()) {

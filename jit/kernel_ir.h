@@ -7,6 +7,7 @@
 #include "core/dtype.h"
 #include "core/op.h"
 #include "jit/index_expr.h"
+#include "ops/conv_onednn.h"
 
 namespace kiln::jit {
 
@@ -14,8 +15,11 @@ enum class KernelKind : uint8_t {
   Elementwise,  // out[i] = value(i) over every output element
   Reduce,       // out[o] = fold over the reduce loops of value(o, r)
   Scatter,      // out = 0; out[.. index(i) ..] += value(i)
-  Matmul,       // library call; no generated code
+  Matmul,       // library calls; no generated code
+  Conv,
 };
+
+constexpr bool is_library(KernelKind k) { return k == KernelKind::Matmul || k == KernelKind::Conv; }
 
 // lo <= expr < hi: whether a padded view reads real data at this index.
 struct Guard {
@@ -26,7 +30,7 @@ struct Guard {
 // One SSA value of the per-element computation.
 struct Expr {
   enum class Kind : uint8_t {
-    Load,        // buffers[buffer][index]
+    Load,        // buffers[buffer][index], or [0] where a guard fails (index may be out of range)
     Scalar,      // a bound floating scalar: scalars[slot]
     Iota,        // the integer `index`
     Rand,        // Philox value at element `index`; seed/offset in int_scalars[slot], [slot + 1]
@@ -67,6 +71,13 @@ struct MatmulCall {
   int64_t batch = 0, M = 0, K = 0, N = 0;
 };
 
+// Both operands are contiguous buffers in the layouts of ops/conv_onednn.h.
+struct ConvCall {
+  onednn::ConvPass pass = onednn::ConvPass::Forward;
+  int a_buffer = -1, b_buffer = -1;  // kernel buffers
+  onednn::ConvGeometry geometry;
+};
+
 struct Kernel {
   KernelKind kind = KernelKind::Elementwise;
   std::string name;
@@ -82,6 +93,7 @@ struct Kernel {
   int64_t scatter_stride = 0, scatter_extent = 0;
   int64_t out_numel = 0;
   MatmulCall matmul;
+  ConvCall conv;
   std::string summary;                // one line for KILN_LOG, e.g. "Exp Mul Add [1024, 1024]"
 };
 

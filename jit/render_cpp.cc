@@ -81,7 +81,8 @@ constexpr Pattern kPatterns[] = {
     {Op::Slice, nullptr, nullptr}, {Op::Pad, nullptr, nullptr},
     {Op::ReduceSum, nullptr, nullptr}, {Op::ReduceMax, nullptr, nullptr},
     {Op::Gather, nullptr, nullptr}, {Op::ScatterAdd, nullptr, nullptr},
-    {Op::Matmul, nullptr, nullptr},
+    {Op::Matmul, nullptr, nullptr}, {Op::Conv2d, nullptr, nullptr}, {Op::Conv2dBackwardData, nullptr, nullptr},
+    {Op::Conv2dBackwardWeight, nullptr, nullptr},
 };
 
 constexpr bool covers_every_op() {
@@ -104,6 +105,7 @@ class CppKernelRenderer {
   std::string buf(int b) const { return fmt::format("b{}", k_.buffers[b].slot); }
   std::string idx(const IndexExpr& e) const { return k_.ctx.render(e); }
   std::string expr_text(int id, const Expr& e) const;
+  std::string guard_text(const std::vector<Guard>& guards) const;
   void emit_values(std::string& out, const std::string& indent) const;
   std::string v(int id) const { return fmt::format("v{}", id); }
   void render_column_reduce(std::string& out, const char* acc_t, const std::string& init, bool is_sum,
@@ -112,13 +114,24 @@ class CppKernelRenderer {
   const Kernel& k_;
 };
 
+// True where every guard holds.
+std::string CppKernelRenderer::guard_text(const std::vector<Guard>& guards) const {
+  std::string cond;
+  for (const Guard& g : guards) {
+    std::string x = idx(g.expr);
+    cond += fmt::format("{}({}) >= {} && ({}) < {}", cond.empty() ? "" : " && ", x, g.lo, x, g.hi);
+  }
+  return cond;
+}
+
 std::string CppKernelRenderer::expr_text(int id, const Expr& e) const {
   const char* ct = compute_type(e.dtype);
   bool f64 = e.dtype == DType::Float64;
   switch (e.kind) {
     case Expr::Kind::Load: {
       DType t = k_.buffers[e.buffer].dtype;
-      return load_value(t, fmt::format("{}[{}]", buf(e.buffer), idx(e.index)));
+      if (e.guards.empty()) return load_value(t, fmt::format("{}[{}]", buf(e.buffer), idx(e.index)));
+      return load_value(t, fmt::format("{}[({}) ? {} : 0]", buf(e.buffer), guard_text(e.guards), idx(e.index)));
     }
     case Expr::Kind::Scalar: return fmt::format("s{}", e.slot);
     case Expr::Kind::Iota: return fmt::format("({})({})", ct, idx(e.index));
@@ -130,14 +143,7 @@ std::string CppKernelRenderer::expr_text(int id, const Expr& e) const {
       if (e.dtype == DType::BFloat16) return fmt::format("kiln_round_bf({})", r);
       return r;
     }
-    case Expr::Kind::Select: {
-      std::string cond;
-      for (const Guard& g : e.guards) {
-        std::string x = idx(g.expr);
-        cond += fmt::format("{}({}) >= {} && ({}) < {}", cond.empty() ? "" : " && ", x, g.lo, x, g.hi);
-      }
-      return fmt::format("(({}) ? {} : ({})0)", cond, v(e.args[0]), ct);
-    }
+    case Expr::Kind::Select: return fmt::format("(({}) ? {} : ({})0)", guard_text(e.guards), v(e.args[0]), ct);
     case Expr::Kind::GatherLoad: {
       DType t = k_.buffers[e.buffer].dtype;
       return load_value(t, fmt::format("{}[{} + {}LL * kiln_check_index((int64_t){}, {}LL, err)]", buf(e.buffer),
@@ -274,8 +280,13 @@ std::string CppKernelRenderer::render() {
     }
     bool has_outer = !k_.loops.empty() && k_.loops[0].role == Loop::Role::Parallel;
     std::string indent = "  ";
+    // A few elements per output (pooling windows): vectorize across outputs instead; the
+    // constant-trip reduce loops unroll inside the vector body.
+    int64_t reduce_extent = 1;
+    for (size_t l = has_outer ? 1 : 0; l < k_.loops.size(); ++l) reduce_extent *= k_.loops[l].extent;
+    const bool simd_outer = has_outer && reduce_extent <= 16;
     if (has_outer) {
-      if (parallel) out += "  #pragma omp parallel for\n";
+      if (parallel || simd_outer) out += fmt::format("  #pragma omp {}{}\n", parallel_for, simd_outer ? "simd" : "");
       out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", k_.loops[0].var, k_.loops[0].extent);
       indent = "    ";
     }
@@ -325,7 +336,7 @@ std::string CppKernelRenderer::render() {
 std::string render_cpp(const std::vector<Kernel>& kernels) {
   std::string src = kCpuPrelude;
   for (const Kernel& k : kernels)
-    if (k.kind != KernelKind::Matmul) src += "\n" + CppKernelRenderer(k).render();
+    if (!is_library(k.kind)) src += "\n" + CppKernelRenderer(k).render();
   return src;
 }
 

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "ops/primitive.h"
 
 namespace kiln::jit {
 
@@ -394,6 +395,18 @@ void Scheduler::decide_materialization() {
       if (it != position.end()) materialized[it->second] = true;
     };
     if (node->op == Op::Gather) need_buffer(node->inputs[0]);
+    if (op_kind(node->op) == OpKind::Library && node->op != Op::Matmul) {
+      // Convolutions read contiguous buffers; a reshape of one is the same memory.
+      for (const NodePtr& in : node->inputs) {
+        const Node* base = in.get();
+        for (auto it = position.find(base); !base->realized() && base->op == Op::Reshape &&
+                                            it != position.end() && !materialized[it->second];
+             it = position.find(base))
+          base = base->inputs[0].get();
+        auto it = position.find(base);
+        if (!base->realized() && it != position.end()) materialized[it->second] = true;
+      }
+    }
     if (node->op == Op::Matmul) {
       // Views (transpose, broadcast batch, slices) of a buffer are passed as strides instead.
       for (const NodePtr& in : node->inputs) {
@@ -484,6 +497,8 @@ class KernelBuilder {
   }
 
  private:
+  std::vector<Guard> pad_guards_;  // of the pads enclosing the value being built
+
   int push(Expr e) {
     std::string key = fmt::format("{}:{}:{}:{}:{}:{}:{}:{}", static_cast<int>(e.kind), static_cast<int>(e.op),
                                   static_cast<int>(e.dtype), fmt::join(e.args, ","), e.buffer, e.slot,
@@ -519,6 +534,9 @@ int KernelBuilder::value(const Node* node, const std::vector<IndexExpr>& idx, bo
       e.dtype = node->dtype;
       e.buffer = buffer(slot->second, node->dtype);
       e.index = linear(idx, node->shape);
+      // Under a pad the index may point outside the buffer where the pad's guard fails (the
+      // value is then discarded); such a load must not touch memory at that index.
+      if (ctx.min(e.index) < 0 || ctx.max(e.index) >= node->numel()) e.guards = pad_guards_;
       return push(std::move(e));
     }
   }
@@ -582,7 +600,9 @@ int KernelBuilder::value(const Node* node, const std::vector<IndexExpr>& idx, bo
             in_idx[d] = ctx.add(idx[d], ctx.constant(-node->ints[d]));
             if (node->ints[d] != 0 || node->ints[r + d] != 0) guards.push_back({in_idx[d], 0, in_shape[d]});
           }
+          pad_guards_.insert(pad_guards_.end(), guards.begin(), guards.end());
           int inner = value(node->inputs[0].get(), in_idx);
+          pad_guards_.resize(pad_guards_.size() - guards.size());
           if (guards.empty()) return inner;
           Expr e{Expr::Kind::Select};
           e.dtype = node->dtype;
@@ -793,6 +813,33 @@ void matmul_operand(Scheduler& s, Kernel& k, const Node* in, int& buffer_out, in
   buffer_out = KernelBuilder(s, k).buffer(s.slot_of.at(node), node->dtype);
 }
 
+// The buffer under a convolution operand: decide_materialization gave it one, maybe under reshapes.
+int contiguous_operand(Scheduler& s, Kernel& k, const Node* in) {
+  const Node* node = in;
+  while (!s.has_slot(node)) {
+    KILN_CHECK(node->op == Op::Reshape, "jit", "convolution operand {} has no buffer", op_name(node->op));
+    node = node->inputs[0].get();
+  }
+  return KernelBuilder(s, k).buffer(s.slot_of.at(node), node->dtype);
+}
+
+Kernel build_conv(Scheduler& s, const Node* node, int slot) {
+  Kernel k;
+  k.kind = KernelKind::Conv;
+  KernelBuilder(s, k).buffer(slot, node->dtype, true);
+  ConvCall& c = k.conv;
+  c.pass = node->op == Op::Conv2d               ? onednn::ConvPass::Forward
+           : node->op == Op::Conv2dBackwardData ? onednn::ConvPass::BackwardData
+                                                : onednn::ConvPass::BackwardWeight;
+  c.a_buffer = contiguous_operand(s, k, node->inputs[0].get());
+  c.b_buffer = contiguous_operand(s, k, node->inputs[1].get());
+  c.geometry = prim::conv_geometry(*node);
+  k.out_numel = node->numel();
+  k.summary = fmt::format("{} {} * {} -> {}", op_name(node->op), shape_str(node->inputs[0]->shape),
+                          shape_str(node->inputs[1]->shape), shape_str(node->shape));
+  return k;
+}
+
 void Scheduler::build_kernels() {
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     if (!materialized[i]) continue;
@@ -805,6 +852,10 @@ void Scheduler::build_kernels() {
         if (k.out_numel == 1 && !all_affine(k)) k = build_reduce(*this, node, slot, false);
         break;
       case OpKind::Library: {
+        if (node->op != Op::Matmul) {
+          k = build_conv(*this, node, slot);
+          break;
+        }
         k.kind = KernelKind::Matmul;
         KernelBuilder(*this, k).buffer(slot, node->dtype, true);
         MatmulCall& mm = k.matmul;

@@ -79,8 +79,8 @@ Tensor Embedding::forward(const Tensor& indices) const {
   return index_select(weight, 0, indices.reshape({indices.numel()})).reshape(out_shape);  // (..., D)
 }
 
-BatchNorm1d::BatchNorm1d(const BatchNorm1dOptions& o) : Module("BatchNorm1d"), options(o) {
-  KILN_CHECK(o.features() > 0, "BatchNorm1d", "features must be positive, got {}", o.features());
+BatchNormBase::BatchNormBase(const char* name, const BatchNormOptions& o) : Module(name), options(o) {
+  KILN_CHECK(o.features() > 0, name, "features must be positive, got {}", o.features());
   if (o.affine()) {
     weight = register_parameter("weight", ones({o.features()}).realize());
     bias = register_parameter("bias", zeros({o.features()}).realize());
@@ -93,18 +93,20 @@ BatchNorm1d::BatchNorm1d(const BatchNorm1dOptions& o) : Module("BatchNorm1d"), o
   set_extra_repr(fmt::format("{}, eps={}, momentum={}", o.features(), o.eps(), o.momentum()));
 }
 
-Tensor BatchNorm1d::forward(const Tensor& x) const {
+Tensor BatchNormBase::normalize(const Tensor& x) const {
   int64_t C = options.features();
-  KILN_CHECK((x.dim() == 2 || x.dim() == 3) && x.size(1) == C, "BatchNorm1d",
-             "expects (N, {0}) or (N, {0}, L), got {1}", C, shape_str(x.shape()));
-  std::vector<int64_t> axes = x.dim() == 2 ? std::vector<int64_t>{0} : std::vector<int64_t>{0, 2};
-  Shape channel_shape = x.dim() == 2 ? Shape{C} : Shape{C, 1};  // broadcasts against x
+  std::vector<int64_t> axes{0};           // every axis but the channels
+  Shape channel_shape{C};                 // (C, 1, ...): broadcasts against x
+  for (size_t d = 2; d < x.dim(); ++d) {
+    axes.push_back(static_cast<int64_t>(d));
+    channel_shape.push_back(1);
+  }
   bool use_batch = is_training() || !options.track_running_stats();
   Tensor mean, var;
   if (use_batch) {
     int64_t count = x.numel() / C;
-    KILN_CHECK(!is_training() || count > 1, "BatchNorm1d", "training needs more than one value per channel, got {}",
-               shape_str(x.shape()));
+    KILN_CHECK(!is_training() || count > 1, type_name(),
+               "training needs more than one value per channel, got {}", shape_str(x.shape()));
     mean = kiln::mean(x, axes);                  // (C)
     var = kiln::var(x, axes, false, false);      // (C), biased: what normalization uses
     if (is_training() && options.track_running_stats()) {
@@ -123,6 +125,20 @@ Tensor BatchNorm1d::forward(const Tensor& x) const {
   Tensor y = (x - mean.reshape(channel_shape)) * rsqrt(var.reshape(channel_shape) + options.eps());
   if (weight.defined()) y = y * weight.reshape(channel_shape) + bias.reshape(channel_shape);
   return y;
+}
+
+Tensor BatchNorm1d::forward(const Tensor& x) const {
+  int64_t C = options.features();
+  KILN_CHECK((x.dim() == 2 || x.dim() == 3) && x.size(1) == C, "BatchNorm1d",
+             "expects (N, {0}) or (N, {0}, L), got {1}", C, shape_str(x.shape()));
+  return normalize(x);
+}
+
+Tensor BatchNorm2d::forward(const Tensor& x) const {
+  int64_t C = options.features();
+  KILN_CHECK(x.dim() == 4 && x.size(1) == C, "BatchNorm2d",
+             "expects (N, {0}, H, W), got {1}; BatchNorm1d takes (N, C) and (N, C, L)", C, shape_str(x.shape()));
+  return normalize(x);
 }
 
 }  // namespace kiln::nn

@@ -3,7 +3,7 @@
 //
 //   nn::Linear fc(784, 512);                                  // weight (512, 784), bias (512)
 //   nn::Linear head(nn::LinearOptions(512, 10).bias(false));
-//   nn::BatchNorm1d bn(nn::BatchNorm1dOptions(512).momentum(0.1));
+//   nn::BatchNorm1d bn(nn::BatchNorm1dOptions(512).momentum(0.1));       // BatchNorm2d for (N, C, H, W)
 //   Tensor y = head.forward(nn::ReLU().forward(bn.forward(fc.forward(x))));
 //
 // Parameters are public Tensor members (fc.weight, fc.bias) that share their variable with the
@@ -114,29 +114,52 @@ class Embedding : public Module {
   Tensor weight;  // (num_embeddings, embedding_dim)
 };
 
-class BatchNorm1dOptions {
+// Options of BatchNorm1d and BatchNorm2d (one class, as PyTorch's BatchNormOptions).
+class BatchNormOptions {
  public:
-  BatchNorm1dOptions(int64_t features) : features_(features) {}
+  BatchNormOptions(int64_t features) : features_(features) {}
   KILN_OPTION(int64_t, features, 0)
   KILN_OPTION(double, eps, 1e-5)
   KILN_OPTION(double, momentum, 0.1)  // running = (1 - momentum) * running + momentum * batch
   KILN_OPTION(bool, affine, true)
   KILN_OPTION(bool, track_running_stats, true)
 };
+using BatchNorm1dOptions = BatchNormOptions;
+using BatchNorm2dOptions = BatchNormOptions;
 
-// x (N, C) or (N, C, L). Training: normalizes with the batch mean and (biased) variance and
-// updates running_mean / running_var (unbiased variance) lazily through assign. Eval: uses the
-// running statistics. Include buffers() in whatever you sync after a step, so the update chain
-// is realized each step.
-class BatchNorm1d : public Module {
+// What BatchNorm1d and BatchNorm2d share: parameters, running statistics and the
+// normalization over every axis but the channel axis 1. Training: normalizes with the batch mean
+// and (biased) variance and updates running_mean / running_var (unbiased variance) lazily
+// through assign. Eval: uses the running statistics. Include buffers() in whatever you sync
+// after a step, so the update chain is realized each step.
+class BatchNormBase : public Module {
  public:
-  explicit BatchNorm1d(const BatchNorm1dOptions& options);
-  BatchNorm1d(int64_t features) : BatchNorm1d(BatchNorm1dOptions(features)) {}
-  Tensor forward(const Tensor& x) const;
-  BatchNorm1dOptions options;
+  BatchNormOptions options;
   Tensor weight, bias;                   // (C), ones / zeros
   Tensor running_mean, running_var;      // (C), zeros / ones
   Tensor num_batches_tracked;            // int64 scalar
+
+ protected:
+  BatchNormBase(const char* name, const BatchNormOptions& options);
+  // x (N, C, ...) with the rank the caller checked; normalizes over axes 0, 2, 3, ...
+  Tensor normalize(const Tensor& x) const;
+};
+
+// x (N, C) or (N, C, L); statistics over N (and L).
+class BatchNorm1d : public BatchNormBase {
+ public:
+  explicit BatchNorm1d(const BatchNormOptions& options) : BatchNormBase("BatchNorm1d", options) {}
+  BatchNorm1d(int64_t features) : BatchNorm1d(BatchNormOptions(features)) {}
+  Tensor forward(const Tensor& x) const;
+};
+
+// x (N, C, H, W); statistics over N, H and W, one pair per channel.
+//   nn::BatchNorm2d bn(32);   // after a Conv2d with 32 output channels
+class BatchNorm2d : public BatchNormBase {
+ public:
+  explicit BatchNorm2d(const BatchNormOptions& options) : BatchNormBase("BatchNorm2d", options) {}
+  BatchNorm2d(int64_t features) : BatchNorm2d(BatchNormOptions(features)) {}
+  Tensor forward(const Tensor& x) const;
 };
 
 }  // namespace kiln::nn

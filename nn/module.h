@@ -15,6 +15,7 @@
 // forward is not virtual: each module declares its own `Tensor forward(const Tensor&)` and
 // containers (Sequential) capture it when a module is added.
 #pragma once
+#include <array>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -25,6 +26,9 @@
 #include "core/tensor.h"
 
 namespace kiln::nn {
+
+// Sizes of 2-D layers (kernel, stride, padding, ...): {height, width}.
+using Size2 = std::array<int64_t, 2>;
 
 class Module;
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;

@@ -63,8 +63,10 @@ std::vector<char> read_file(const std::string& path) {
   return bytes;
 }
 
-// Parses and checks the whole header against the file size; returns entries and data start.
-std::map<std::string, Entry> parse_header(const std::vector<char>& file, const std::string& path, size_t& data_start) {
+// Parses and checks the whole header against the file size; returns entries and data start, and
+// the "__metadata__" strings into `metadata` when given.
+std::map<std::string, Entry> parse_header(const std::vector<char>& file, const std::string& path, size_t& data_start,
+                                          Metadata* metadata = nullptr) {
   KILN_CHECK(file.size() >= 8, "load", "'{}' is truncated: {} bytes, too short for a safetensors header", path,
              file.size());
   uint64_t header_len = 0;
@@ -78,7 +80,14 @@ std::map<std::string, Entry> parse_header(const std::vector<char>& file, const s
              path);
   std::map<std::string, Entry> entries;
   for (auto& [name, info] : header.items()) {
-    if (name == "__metadata__") continue;
+    if (name == "__metadata__") {
+      KILN_CHECK(info.is_object(), "load", "'{}' has a corrupt header: __metadata__ is not an object", path);
+      for (auto& [key, value] : info.items()) {
+        KILN_CHECK(value.is_string(), "load", "'{}': metadata '{}' is not a string", path, key);
+        if (metadata) (*metadata)[key] = value.get<std::string>();
+      }
+      continue;
+    }
     KILN_CHECK(info.is_object() && info.contains("dtype") && info.contains("shape") && info.contains("data_offsets"),
                "load", "'{}': entry '{}' lacks dtype, shape or data_offsets", path, name);
     KILN_CHECK(info["dtype"].is_string(), "load", "'{}': entry '{}' has a non-string dtype", path, name);
@@ -120,7 +129,7 @@ DType dtype_from_safetensors(const std::string& tag) {
   KILN_FAIL("load", "unsupported safetensors dtype '{}'", tag);
 }
 
-void save_tensors(const TensorMap& tensors, const std::string& path, const std::map<std::string, std::string>& metadata) {
+void save_tensors(const TensorMap& tensors, const std::string& path, const Metadata& metadata) {
   nlohmann::json header = nlohmann::json::object();
   std::vector<Tensor> all;
   for (const auto& [name, t] : tensors) {
@@ -165,12 +174,14 @@ void save_tensors(const TensorMap& tensors, const std::string& path, const std::
   }
 }
 
-TensorMap load_tensors(const std::string& path) {
+TensorMap load_tensors(const std::string& path, Metadata* metadata) {
   std::vector<char> file = read_file(path);
   size_t data_start = 0;
-  auto entries = parse_header(file, path, data_start);
+  Metadata found;
+  auto entries = parse_header(file, path, data_start, &found);
   TensorMap out;
   for (const auto& [name, e] : entries) out.emplace(name, tensor_from_bytes(file.data() + data_start + e.begin, e.dtype, e.shape));
+  if (metadata) *metadata = std::move(found);
   return out;
 }
 

@@ -6,8 +6,10 @@
 //
 //   nn::save(net, "net.safetensors");         // parameters and buffers, dotted names
 //   nn::load(net, "net.safetensors");         // all-or-nothing: validates, then assigns
-//   nn::save_tensors({{"step", t}}, "opt.safetensors");
-//   auto state = nn::load_tensors("opt.safetensors");
+//   nn::save_tensors({{"step", t}}, "extra.safetensors", {{"epoch", "3"}});
+//   nn::Metadata meta;
+//   auto tensors = nn::load_tensors("extra.safetensors", &meta);   // meta["epoch"] == "3"
+//   (optimizer state: optim::save / optim::load in optim/serialize.h)
 //
 // Files are written to a temporary name and renamed, so a crash never leaves half a checkpoint.
 #pragma once
@@ -20,11 +22,14 @@
 namespace kiln::nn {
 
 using TensorMap = std::map<std::string, Tensor>;
+// The header's "__metadata__": strings only, as the format requires. save_tensors adds
+// "format": "kiln".
+using Metadata = std::map<std::string, std::string>;
 
-void save_tensors(const TensorMap& tensors, const std::string& path,
-                  const std::map<std::string, std::string>& metadata = {});
-// Throws kiln::Error naming the problem for a missing, truncated or malformed file.
-TensorMap load_tensors(const std::string& path);
+void save_tensors(const TensorMap& tensors, const std::string& path, const Metadata& metadata = {});
+// Throws kiln::Error naming the problem for a missing, truncated or malformed file. Fills
+// `metadata` (when given) with the file's metadata.
+TensorMap load_tensors(const std::string& path, Metadata* metadata = nullptr);
 
 void save(const Module& module, const std::string& path);
 // Every parameter and buffer of `module` must be in the file with the same shape and dtype;

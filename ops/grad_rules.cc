@@ -166,6 +166,20 @@ Grads matmul_grad(const NodePtr& n, const Tensor& g) {
   return {prim::matmul(g, prim::permute(b, {0, 2, 1})), prim::matmul(prim::permute(a, {0, 2, 1}), g)};
 }
 
+// conv's adjoints are bilinear too, so each gradient is one of the three passes again.
+Grads conv2d_grad(const NodePtr& n, const Tensor& g) {
+  Tensor x = in(n, 0), w = in(n, 1);
+  return {prim::conv2d_backward_data(g, w, x.shape(), n->ints), prim::conv2d_backward_weight(x, g, w.shape(), n->ints)};
+}
+Grads conv2d_backward_data_grad(const NodePtr& n, const Tensor& g) {
+  Tensor gy = in(n, 0), w = in(n, 1);
+  return {prim::conv2d(g, w, n->ints), prim::conv2d_backward_weight(g, gy, w.shape(), n->ints)};
+}
+Grads conv2d_backward_weight_grad(const NodePtr& n, const Tensor& g) {
+  Tensor x = in(n, 0), gy = in(n, 1);
+  return {prim::conv2d_backward_data(gy, g, x.shape(), n->ints), prim::conv2d(x, g, n->ints)};
+}
+
 struct GradEntry {
   Op op;
   GradRule rule;
@@ -185,7 +199,8 @@ constexpr GradEntry kGradRules[] = {
     {Op::Pad, pad_grad},
     {Op::ReduceSum, sum_grad}, {Op::ReduceMax, reduce_max_grad},
     {Op::Gather, gather_grad}, {Op::ScatterAdd, scatter_add_grad},
-    {Op::Matmul, matmul_grad},
+    {Op::Matmul, matmul_grad}, {Op::Conv2d, conv2d_grad}, {Op::Conv2dBackwardData, conv2d_backward_data_grad},
+    {Op::Conv2dBackwardWeight, conv2d_backward_weight_grad},
 };
 
 constexpr bool covers_every_op() {

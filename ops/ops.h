@@ -5,6 +5,7 @@
 //   Tensor x = kiln::randn({32, 10});
 //   Tensor y = kiln::softmax(x * 2.0 + 1.0, -1).sum({1});
 #pragma once
+#include <array>
 #include <vector>
 
 #include "core/tensor.h"
@@ -120,6 +121,14 @@ Tensor one_hot(const Tensor& labels, int64_t classes, DType dtype = DType::Float
 // Batched, broadcasting matmul as in NumPy: (..., M, K) @ (..., K, N); 1-d operands allowed.
 Tensor matmul(const Tensor& a, const Tensor& b);
 
+// ---- convolution ----
+// 2-D convolution (cross-correlation, as in PyTorch) of x (N, C, H, W) or (C, H, W) with weight
+// (OC, C / groups, KH, KW), plus bias (OC) when defined: (N, OC, OH, OW) with
+// OH = (H + 2 * padding - dilation * (KH - 1) - 1) / stride + 1. float32 and bfloat16 run on
+// oneDNN; other float dtypes as unfold + matmul (what the float64 gradient checks exercise).
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, std::array<int64_t, 2> stride = {1, 1},
+              std::array<int64_t, 2> padding = {0, 0}, std::array<int64_t, 2> dilation = {1, 1}, int64_t groups = 1);
+
 // ---- composites (built from the primitives above; gradients come for free) ----
 Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x, bool tanh_approximation = false);
@@ -136,5 +145,21 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_sm
 Tensor mse_loss(const Tensor& prediction, const Tensor& target);
 // Zeroes elements with probability p and scales the rest by 1/(1-p) when `training`.
 Tensor dropout(const Tensor& x, double p, bool training = true);
+
+// ---- Pooling (NCHW) ----
+// Over the two trailing dims of x (N, C, H, W) or (C, H, W), with PyTorch's semantics: stride
+// {0, 0} means the kernel; padding at most half the kernel; output size
+// floor((H + 2 * padding - dilation * (kernel - 1) - 1) / stride) + 1, rounded up in ceil_mode
+// as long as the last window starts inside the input or its left padding.
+//   max_pool2d(x, {2, 2});  // (N, C, H, W) -> (N, C, H / 2, W / 2)
+// Max pooling: padding never wins (as if it were -inf); a window's gradient goes to its first
+// maximum in row-major order, as in PyTorch (NaN counts as the maximum).
+Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride = {0, 0},
+                  std::array<int64_t, 2> padding = {0, 0}, std::array<int64_t, 2> dilation = {1, 1},
+                  bool ceil_mode = false);
+// Average pooling of float inputs: divides by the window size clipped to the padded input
+// (count_include_pad) or to the input alone.
+Tensor avg_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride = {0, 0},
+                  std::array<int64_t, 2> padding = {0, 0}, bool ceil_mode = false, bool count_include_pad = true);
 
 }  // namespace kiln

@@ -168,5 +168,87 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return make(Op::Matmul, a.dtype(), {a.shape()[0], a.shape()[1], b.shape()[2]}, {a, b});
 }
 
+namespace {
+
+// Output extent of a convolution along one axis, as in PyTorch; < 1 when the window does not fit.
+int64_t conv_extent(int64_t in, int64_t kernel, int64_t stride, int64_t padding, int64_t dilation) {
+  return (in + 2 * padding - dilation * (kernel - 1) - 1) / stride + 1;
+}
+
+onednn::ConvGeometry geometry(const Shape& x, const Shape& w, const Shape& y, const std::vector<int64_t>& conv) {
+  onednn::ConvGeometry g;
+  g.N = x[0], g.C = x[1], g.H = x[2], g.W = x[3];
+  g.OC = w[0], g.KH = w[2], g.KW = w[3];
+  g.OH = y[2], g.OW = y[3];
+  g.stride[0] = conv[0], g.stride[1] = conv[1];
+  g.padding[0] = conv[2], g.padding[1] = conv[3];
+  g.dilation[0] = conv[4], g.dilation[1] = conv[5];
+  g.groups = conv[6];
+  return g;
+}
+
+// The output shape of conv2d(x, w), after checking that the three shapes and attributes agree.
+Shape check_conv(std::string_view op, const Shape& x, const Shape& w, const std::vector<int64_t>& conv) {
+  KILN_CHECK(x.size() == 4 && w.size() == 4 && conv.size() == 7, op,
+             "needs x (N, C, H, W) and weight (OC, C / groups, KH, KW); got {} and {}", shape_str(x), shape_str(w));
+  const int64_t groups = conv[6];
+  KILN_CHECK(groups >= 1 && x[1] % groups == 0 && w[0] % groups == 0 && w[1] * groups == x[1], op,
+             "x {} and weight {} do not match with groups = {}: weight must be (OC, C / groups, KH, KW)",
+             shape_str(x), shape_str(w), groups);
+  Shape y{x[0], w[0], 0, 0};
+  for (int d = 0; d < 2; ++d) {
+    KILN_CHECK(conv[d] >= 1 && conv[2 + d] >= 0 && conv[4 + d] >= 1, op,
+               "stride and dilation must be >= 1 and padding >= 0; got stride {}, padding {}, dilation {}",
+               conv[d], conv[2 + d], conv[4 + d]);
+    y[2 + d] = conv_extent(x[2 + d], w[2 + d], conv[d], conv[2 + d], conv[4 + d]);
+  }
+  KILN_CHECK(y[2] >= 1 && y[3] >= 1, op, "kernel {}x{} (dilation {}, {}) does not fit input {} padded by ({}, {})",
+             w[2], w[3], conv[4], conv[5], shape_str(x), conv[2], conv[3]);
+  return y;
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const std::vector<int64_t>& conv) {
+  KILN_CHECK(x.dtype() == weight.dtype(), "conv2d", "x is {} but weight is {}", dtype_name(x.dtype()),
+             dtype_name(weight.dtype()));
+  return make(Op::Conv2d, x.dtype(), check_conv("conv2d", x.shape(), weight.shape(), conv), {x, weight}, conv);
+}
+
+Tensor conv2d_backward_data(const Tensor& grad_y, const Tensor& weight, const Shape& x_shape,
+                            const std::vector<int64_t>& conv) {
+  KILN_CHECK(check_conv("conv2d_backward_data", x_shape, weight.shape(), conv) == grad_y.shape() &&
+                 grad_y.dtype() == weight.dtype(),
+             "conv2d_backward_data", "gradient {} {} does not match weight {} {} and input {}",
+             shape_str(grad_y.shape()), dtype_name(grad_y.dtype()), shape_str(weight.shape()),
+             dtype_name(weight.dtype()), shape_str(x_shape));
+  return make(Op::Conv2dBackwardData, grad_y.dtype(), x_shape, {grad_y, weight}, conv);
+}
+
+Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_y, const Shape& weight_shape,
+                              const std::vector<int64_t>& conv) {
+  KILN_CHECK(check_conv("conv2d_backward_weight", x.shape(), weight_shape, conv) == grad_y.shape() &&
+                 grad_y.dtype() == x.dtype(),
+             "conv2d_backward_weight", "gradient {} {} does not match input {} {} and weight {}",
+             shape_str(grad_y.shape()), dtype_name(grad_y.dtype()), shape_str(x.shape()), dtype_name(x.dtype()),
+             shape_str(weight_shape));
+  return make(Op::Conv2dBackwardWeight, x.dtype(), weight_shape, {x, grad_y}, conv);
+}
+
+Shape conv2d_output_shape(const Shape& x, const Shape& weight, const std::vector<int64_t>& conv) {
+  return check_conv("conv2d", x, weight, conv);
+}
+
+onednn::ConvGeometry conv_geometry(const Node& n) {
+  const Shape& a = n.inputs[0]->shape;
+  const Shape& b = n.inputs[1]->shape;
+  switch (n.op) {
+    case Op::Conv2d: return geometry(a, b, n.shape, n.ints);
+    case Op::Conv2dBackwardData: return geometry(n.shape, b, a, n.ints);
+    case Op::Conv2dBackwardWeight: return geometry(a, n.shape, b, n.ints);
+    default: KILN_FAIL("conv2d", "{} is not a convolution", op_name(n.op));
+  }
+}
+
 
 }  // namespace kiln::prim

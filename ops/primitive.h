@@ -2,6 +2,7 @@
 // API (ops/ops.h) broadcasts and promotes first, then calls these; grad rules call them too.
 #pragma once
 #include "core/tensor.h"
+#include "ops/conv_onednn.h"
 
 namespace kiln::prim {
 
@@ -37,5 +38,18 @@ Tensor scatter_add(const Shape& shape, int64_t axis, const Tensor& index, const 
 
 // (B, M, K) @ (B, K, N) -> (B, M, N)
 Tensor matmul(const Tensor& a, const Tensor& b);
+
+// 2-D convolution and its two adjoints over contiguous NCHW data, weight (OC, C / groups, KH, KW).
+// conv = {stride h, w, padding h, w, dilation h, w, groups}; shapes are checked by the caller
+// (kiln::conv2d) and again here.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const std::vector<int64_t>& conv);
+Tensor conv2d_backward_data(const Tensor& grad_y, const Tensor& weight, const Shape& x_shape,
+                            const std::vector<int64_t>& conv);
+Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_y, const Shape& weight_shape,
+                              const std::vector<int64_t>& conv);
+// The shape of conv2d(x, weight) after checking that shapes and attributes agree.
+Shape conv2d_output_shape(const Shape& x, const Shape& weight, const std::vector<int64_t>& conv);
+// The geometry of a Conv2d / Conv2dBackwardData / Conv2dBackwardWeight node.
+onednn::ConvGeometry conv_geometry(const Node& node);
 
 }  // namespace kiln::prim

@@ -28,6 +28,21 @@ Adam::Adam(std::vector<ParamGroup<AdamOptions>> groups, bool decoupled_weight_de
 AdamW::AdamW(std::vector<Tensor> params, AdamOptions options)
     : Adam(std::vector<ParamGroup<AdamOptions>>{{std::move(params), options}}, true) {}
 
+Hyperparameters Adam::to_hyperparameters(const AdamOptions& o) const {
+  return {{"lr", o.lr()}, {"beta1", o.beta1()}, {"beta2", o.beta2()}, {"eps", o.eps()}, {"weight_decay", o.weight_decay()}};
+}
+
+AdamOptions Adam::from_hyperparameters(const Hyperparameters& h) const {
+  const std::string name = type_name();
+  check_hyperparameter_names(h, {"lr", "beta1", "beta2", "eps", "weight_decay"}, name);
+  AdamOptions o = AdamOptions(hyperparameter(h, "lr", name))
+                      .betas(hyperparameter(h, "beta1", name), hyperparameter(h, "beta2", name))
+                      .eps(hyperparameter(h, "eps", name))
+                      .weight_decay(hyperparameter(h, "weight_decay", name));
+  check(o);
+  return o;
+}
+
 void Adam::update(size_t group, Tensor& param, const Tensor& grad, ParamState& state) {
   const AdamOptions& o = groups_[group].options;
   check(o);

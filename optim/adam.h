@@ -37,8 +37,11 @@ class Adam : public OptimizerWith<AdamOptions> {
  public:
   Adam(std::vector<Tensor> params, AdamOptions options);
   explicit Adam(std::vector<ParamGroup<AdamOptions>> groups, bool decoupled_weight_decay = false);
+  std::string type_name() const override { return decoupled_weight_decay_ ? "AdamW" : "Adam"; }
 
  protected:
+  Hyperparameters to_hyperparameters(const AdamOptions& o) const override;
+  AdamOptions from_hyperparameters(const Hyperparameters& h) const override;
   void update(size_t group, Tensor& param, const Tensor& grad, ParamState& state) override;
   std::vector<std::string> state_names(size_t) const override { return {"exp_avg", "exp_avg_sq"}; }
 

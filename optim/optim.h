@@ -8,4 +8,5 @@
 #include "optim/clip.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "optim/serialize.h"
 #include "optim/sgd.h"

@@ -31,29 +31,33 @@ void Optimizer::resize_state() {
   for (size_t g = 0; g < group_count(); ++g) state_[g].resize(group_params(g).size());
 }
 
-void Optimizer::step() {
+void Optimizer::step(std::initializer_list<Tensor> outputs) {
   std::vector<Tensor> grads;
   for (const Tensor& p : parameters()) grads.push_back(p.grad());
-  apply(grads, {});
+  apply(std::move(grads), outputs);
 }
 
-void Optimizer::step(const Tensor& loss) {
+void Optimizer::step(const Tensor& loss, std::initializer_list<Tensor> outputs) {
   KILN_CHECK(loss.defined() && loss.numel() == 1, "optim::step", "the loss must be a single value, got {}",
              loss.defined() ? loss.str() : std::string("an undefined tensor"));
   std::vector<Tensor> params = parameters();
   std::vector<Tensor> trainable;
   for (const Tensor& p : params)
     if (p.requires_grad()) trainable.push_back(p);
-  std::vector<Tensor> found = grad(loss, trainable);
   std::vector<Tensor> grads;
-  size_t next = 0;
-  for (const Tensor& p : params) grads.push_back(p.requires_grad() ? found[next++] : Tensor());
-  apply(grads, loss);
+  {
+    std::vector<Tensor> found = grad(loss, trainable);
+    size_t next = 0;
+    for (const Tensor& p : params) grads.push_back(p.requires_grad() ? std::move(found[next++]) : Tensor());
+  }
+  std::vector<Tensor> extra{loss};
+  extra.insert(extra.end(), outputs.begin(), outputs.end());
+  apply(std::move(grads), std::move(extra));
 }
 
-// Records every update, then runs them (with the loss and any gradient a user still holds
-// through p.grad()) as one plan, in parameter order.
-void Optimizer::apply(const std::vector<Tensor>& grads, const Tensor& loss) {
+// Records every update, then runs them (with `extra`, the tensors synced with every step, and
+// any gradient a user still holds through p.grad()) as one plan, in parameter order.
+void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra) {
   resize_state();
   NoGradGuard no_grad;
   // State tensors start as realized zeros, so the first step's graph is the same as every
@@ -87,12 +91,18 @@ void Optimizer::apply(const std::vector<Tensor>& grads, const Tensor& loss) {
       for (auto& [name, t] : state.tensors) outputs.push_back(t);
     }
   }
+  // A gradient handle held here would count as a user's pending value that reads the old
+  // parameters, and keep the executor from updating them in place.
+  grads.clear();
   // A gradient left in p.grad() is realized with the step (PyTorch keeps .grad after step() as
   // well): a pending gradient would still read the old parameter values and so keep the executor
   // from updating the parameters in place.
   for (const Tensor& p : parameters())
     if (p.grad().defined()) outputs.push_back(p.grad());
-  if (loss.defined()) outputs.push_back(loss);
+  for (const Tensor& t : synced_with_step_)
+    if (t.defined() && !t.is_realized()) outputs.push_back(t);
+  for (const Tensor& t : extra)
+    if (t.defined()) outputs.push_back(t);
   if (!outputs.empty()) sync(outputs);
 }
 
@@ -134,7 +144,43 @@ void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
                value.str(), p.str());
     loaded[g][i].tensors[name] = value.dtype() == p.dtype() ? value.detach() : value.cast(p.dtype());
   }
+  // A parameter's state comes whole: its update count and every state tensor, or nothing.
+  std::set<std::pair<size_t, size_t>> with_step;
+  for (const auto& [key, value] : state) {
+    size_t g = 0, i = 0;
+    int used = 0;
+    std::sscanf(key.c_str(), "%zu.%zu.%n", &g, &i, &used);
+    if (key.substr(static_cast<size_t>(used)) == "step") with_step.insert({g, i});
+  }
+  for (size_t g = 0; g < loaded.size(); ++g) {
+    std::vector<std::string> names = state_names(g);
+    for (size_t i = 0; i < loaded[g].size(); ++i) {
+      const ParamState& s = loaded[g][i];
+      bool has_step = with_step.count({g, i}) > 0;
+      if (!has_step && s.tensors.empty()) continue;
+      KILN_CHECK(has_step, "optim::load_state", "parameter {}.{} has state but no `{}.{}.step`", g, i, g, i);
+      for (const std::string& name : names)
+        KILN_CHECK(s.tensors.count(name), "optim::load_state", "parameter {}.{} lacks its state `{}.{}.{}`", g, i, g,
+                   i, name);
+    }
+  }
   state_ = std::move(loaded);
+}
+
+double hyperparameter(const Hyperparameters& h, const std::string& name, const std::string& optimizer) {
+  auto it = h.find(name);
+  KILN_CHECK(it != h.end(), "optim::set_hyperparameters", "{} needs hyperparameter `{}`, which is missing",
+             optimizer, name);
+  return it->second;
+}
+
+void check_hyperparameter_names(const Hyperparameters& h, const std::vector<std::string>& names,
+                                const std::string& optimizer) {
+  for (const auto& [key, _] : h) {
+    bool known = false;
+    for (const std::string& n : names) known = known || n == key;
+    KILN_CHECK(known, "optim::set_hyperparameters", "{} has no hyperparameter `{}`", optimizer, key);
+  }
 }
 
 }  // namespace kiln::optim

@@ -5,10 +5,14 @@
 //   kiln::optim::SGD opt(params, kiln::optim::SGDOptions(0.05).momentum(0.9));
 //   opt.zero_grad(); loss.backward(); opt.step();   // PyTorch style: uses p.grad()
 //   opt.step(loss);                                  // Jittor style: takes the gradients itself
+//   opt.step(loss, {correct});                       // + other values computed in the same plan
 //   opt.set_lr(0.01);                                // every group; no recompile (lr is bound at run time)
 //   auto state = opt.state();                        // {"0.3.momentum_buffer": Tensor, ...}
+//   opt.sync_with_step(net.buffers());               // BatchNorm running stats realized with each step
+//   kiln::optim::save(opt, "net.optim.safetensors"); // state + hyperparameters (optim/serialize.h)
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <vector>
@@ -26,6 +30,9 @@ struct ParamState {
   int64_t step = 0;
 };
 
+// A group's hyperparameters by name ("lr", "momentum", ...; booleans as 0 or 1).
+using Hyperparameters = std::map<std::string, double>;
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -34,11 +41,18 @@ class Optimizer {
   void zero_grad();
   // Updates every parameter that has a gradient from p.grad(), and runs the updates (one sync of
   // the parameters and their state). Parameters without a gradient are left alone.
-  void step();
+  // `outputs` are realized in the same plan: the loss, or metrics of the step such as
+  //   opt.step({loss, eq(argmax(logits.detach(), 1), labels).sum()});
+  // Realize here whatever you still need that reads the parameters, and let no other handle
+  // to it (the logits) outlive the step: a pending value that reads the old parameters keeps
+  // them from being updated in place, and computing it after the step runs its part of the
+  // forward again. Compute metrics from detached values: one that autograd could still go
+  // through counts as pending history too.
+  void step(std::initializer_list<Tensor> outputs = {});
   // Computes d(loss)/d(params) itself (kiln::grad; p.grad() is neither read nor written) and
-  // updates every parameter, running loss, gradients and updates as one plan. The graph behind
-  // `loss` is consumed; loss.item() afterwards is free.
-  void step(const Tensor& loss);
+  // updates every parameter, running loss, gradients, updates and `outputs` as one plan. The
+  // graph behind `loss` is consumed; loss.item() afterwards is free.
+  void step(const Tensor& loss, std::initializer_list<Tensor> outputs = {});
 
   // The learning rate: set_lr sets every group's; lr() reads group 0's.
   void set_lr(double lr);
@@ -52,9 +66,23 @@ class Optimizer {
   // Named state for checkpoints: "{group}.{index}.{name}" for each state tensor and
   // "{group}.{index}.step" (an int64 scalar) for the update count, for every parameter that has
   // state. load_state replaces the whole state (parameters absent from the map start fresh); an
-  // unknown key or a shape that does not match throws kiln::Error and changes nothing.
+  // unknown key, a shape that does not match, or a parameter with only part of its state (no
+  // step, or a state tensor missing) throws kiln::Error and changes nothing.
   std::map<std::string, Tensor> state() const;
   void load_state(const std::map<std::string, Tensor>& state);
+
+  // "SGD", "Adam", "AdamW": what a state file records, so it is not loaded into another kind.
+  virtual std::string type_name() const = 0;
+  // Every option of group `group` by name, and all groups' replaced at once: a missing, unknown
+  // or invalid value throws kiln::Error and changes nothing.
+  virtual Hyperparameters hyperparameters(size_t group) const = 0;
+  virtual void set_hyperparameters(const std::vector<Hyperparameters>& groups) = 0;
+
+  // Tensors realized in the same plan as every step, when they have a pending update: pass a
+  // model's buffers, so BatchNorm's running statistics (lazy assigns recorded by forward) are
+  // computed with the step instead of piling up as a pending graph that also keeps the
+  // parameters from being updated in place. Replaces what an earlier call gave.
+  void sync_with_step(std::vector<Tensor> tensors) { synced_with_step_ = std::move(tensors); }
 
  protected:
   // Records the update of parameter `index` of `group` from gradient `grad` (under NoGradGuard):
@@ -67,9 +95,16 @@ class Optimizer {
   void resize_state();
 
  private:
-  void apply(const std::vector<Tensor>& grads, const Tensor& loss);
+  void apply(std::vector<Tensor> grads, std::vector<Tensor> extra);
   std::vector<std::vector<ParamState>> state_;  // [group][index]
+  std::vector<Tensor> synced_with_step_;
 };
+
+// The value of `name` in `h`, or kiln::Error naming the optimizer and the key.
+double hyperparameter(const Hyperparameters& h, const std::string& name, const std::string& optimizer);
+// Throws kiln::Error when `h` has a key outside `names`.
+void check_hyperparameter_names(const Hyperparameters& h, const std::vector<std::string>& names,
+                                const std::string& optimizer);
 
 // One group of parameters and the options they are updated with.
 template <class Options>
@@ -96,7 +131,21 @@ class OptimizerWith : public Optimizer {
   void set_group_lr(size_t g, double lr) override { groups_.at(g).options.lr(lr); }
   const std::vector<Tensor>& group_params(size_t g) const override { return groups_.at(g).params; }
 
+  Hyperparameters hyperparameters(size_t g) const override { return to_hyperparameters(groups_.at(g).options); }
+  void set_hyperparameters(const std::vector<Hyperparameters>& groups) override {
+    KILN_CHECK(groups.size() == groups_.size(), "optim::set_hyperparameters",
+               "got hyperparameters for {} parameter groups; this {} has {}", groups.size(), type_name(),
+               groups_.size());
+    std::vector<Options> options;
+    for (const Hyperparameters& h : groups) options.push_back(from_hyperparameters(h));  // may throw
+    for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options = options[g];
+  }
+
  protected:
+  // Options to names and back; from_hyperparameters checks the values like the constructor.
+  virtual Hyperparameters to_hyperparameters(const Options& options) const = 0;
+  virtual Options from_hyperparameters(const Hyperparameters& h) const = 0;
+
   std::vector<ParamGroup<Options>> groups_;
 };
 

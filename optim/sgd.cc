@@ -23,6 +23,27 @@ SGD::SGD(std::vector<ParamGroup<SGDOptions>> groups) : OptimizerWith(std::move(g
   for (const auto& g : groups_) check(g.options);
 }
 
+Hyperparameters SGD::to_hyperparameters(const SGDOptions& o) const {
+  return {{"lr", o.lr()},
+          {"momentum", o.momentum()},
+          {"dampening", o.dampening()},
+          {"nesterov", o.nesterov() ? 1.0 : 0.0},
+          {"weight_decay", o.weight_decay()}};
+}
+
+SGDOptions SGD::from_hyperparameters(const Hyperparameters& h) const {
+  check_hyperparameter_names(h, {"lr", "momentum", "dampening", "nesterov", "weight_decay"}, "SGD");
+  double nesterov = hyperparameter(h, "nesterov", "SGD");
+  KILN_CHECK(nesterov == 0 || nesterov == 1, "optim::SGD", "nesterov must be 0 or 1, got {}", nesterov);
+  SGDOptions o = SGDOptions(hyperparameter(h, "lr", "SGD"))
+                     .momentum(hyperparameter(h, "momentum", "SGD"))
+                     .dampening(hyperparameter(h, "dampening", "SGD"))
+                     .nesterov(nesterov == 1)
+                     .weight_decay(hyperparameter(h, "weight_decay", "SGD"));
+  check(o);
+  return o;
+}
+
 std::vector<std::string> SGD::state_names(size_t group) const {
   if (groups_[group].options.momentum() == 0) return {};
   return {"momentum_buffer"};

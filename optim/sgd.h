@@ -26,8 +26,11 @@ class SGD : public OptimizerWith<SGDOptions> {
  public:
   SGD(std::vector<Tensor> params, SGDOptions options);
   explicit SGD(std::vector<ParamGroup<SGDOptions>> groups);
+  std::string type_name() const override { return "SGD"; }
 
  protected:
+  Hyperparameters to_hyperparameters(const SGDOptions& o) const override;
+  SGDOptions from_hyperparameters(const Hyperparameters& h) const override;
   void update(size_t group, Tensor& param, const Tensor& grad, ParamState& state) override;
   std::vector<std::string> state_names(size_t group) const override;
 };

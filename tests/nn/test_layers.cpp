@@ -3,7 +3,11 @@
 #include <cmath>
 #include <kiln/kiln.h>
 
+#include "tests/support/compare.h"
+#include "tests/support/gradcheck.h"
+
 using namespace kiln;
+using kiln::testing::check_close;
 
 TEST_CASE("Linear matches a reference loop", "[nn]") {
   manual_seed(11);
@@ -103,6 +107,73 @@ TEST_CASE("BatchNorm1d uses batch stats in training, running stats in eval", "[n
   Tensor y3 = bn3.forward(randn({4, 3, 5}));
   CHECK(y3.shape() == Shape{4, 3, 5});
   for (double v : kiln::mean(y3, {0, 2}).to_doubles()) CHECK(v == Approx(0.0).margin(1e-5));
+}
+
+TEST_CASE("BatchNorm2d normalizes per channel over N, H, W", "[nn][batchnorm]") {
+  nn::BatchNorm2d bn(nn::BatchNorm2dOptions(2).momentum(0.25));
+  CHECK_THAT(bn.to_string(), Catch::Contains("BatchNorm2d(2"));
+  CHECK(bn.weight.shape() == Shape{2});
+  CHECK(bn.named_buffers().size() == 3);
+  // x (N=2, C=2, H=1, W=2): channel 0 = 1, 2, 3, 4 (n-major); channel 1 = 10, 10, 20, 40.
+  std::vector<double> xs = {1, 2, 10, 10, 3, 4, 20, 40};
+  Tensor x = from_doubles(xs, {2, 2, 1, 2}, DType::Float32);
+  double mean0 = 2.5, var0 = 1.25, mean1 = 20, var1 = (100 + 100 + 0 + 400) / 4.0;
+  auto normalized = [&](const std::vector<double>& m, const std::vector<double>& v) {
+    std::vector<double> want;
+    for (int n = 0; n < 2; ++n)
+      for (int c = 0; c < 2; ++c)
+        for (int w = 0; w < 2; ++w) {
+          double value = xs[static_cast<size_t>((n * 2 + c) * 2 + w)];
+          want.push_back((value - m[c]) / std::sqrt(v[c] + 1e-5));
+        }
+    return want;
+  };
+  check_close(bn.forward(x), normalized({mean0, mean1}, {var0, var1}), 1e-5, 1e-5);
+  // Running statistics: (1 - m) * initial + m * batch, the variance unbiased (x 4/3 for 4 values).
+  double rm0 = 0.25 * mean0, rm1 = 0.25 * mean1;
+  double rv0 = 0.75 + 0.25 * var0 * 4.0 / 3.0, rv1 = 0.75 + 0.25 * var1 * 4.0 / 3.0;
+  check_close(bn.running_mean, {rm0, rm1});
+  check_close(bn.running_var, {rv0, rv1});
+  CHECK(bn.num_batches_tracked.item() == 1.0);
+  // A second step moves the statistics again.
+  bn.forward(x);
+  check_close(bn.running_mean, {0.75 * rm0 + 0.25 * mean0, 0.75 * rm1 + 0.25 * mean1});
+  CHECK(bn.num_batches_tracked.item() == 2.0);
+
+  bn.eval();
+  auto running_mean = bn.running_mean.to_doubles(), running_var = bn.running_var.to_doubles();
+  check_close(bn.forward(x), normalized(running_mean, running_var), 1e-5, 1e-5);
+  check_close(bn.running_mean, running_mean);  // eval leaves the statistics alone
+  CHECK(bn.num_batches_tracked.item() == 2.0);
+
+  // Affine parameters scale and shift each channel.
+  nn::BatchNorm2d affine(2);
+  Tensor(affine.weight).assign(from_vector<float>({2, 3}, {2}));
+  Tensor(affine.bias).assign(from_vector<float>({1, -1}, {2}));
+  auto plain = normalized({mean0, mean1}, {var0, var1});
+  std::vector<double> scaled;
+  for (size_t i = 0; i < plain.size(); ++i) scaled.push_back(i % 4 < 2 ? plain[i] * 2 + 1 : plain[i] * 3 - 1);
+  check_close(affine.forward(x), scaled, 1e-5, 1e-5);
+
+  // Without running statistics, eval mode keeps using the batch.
+  nn::BatchNorm2d batch_only(nn::BatchNorm2dOptions(2).track_running_stats(false).affine(false));
+  CHECK(batch_only.parameters().empty());
+  batch_only.eval();
+  check_close(batch_only.forward(x), normalized({mean0, mean1}, {var0, var1}), 1e-5, 1e-5);
+
+  CHECK_THROWS_AS(bn.forward(randn({4, 2})), Error);         // (N, C): BatchNorm1d's input
+  CHECK_THROWS_AS(bn.forward(randn({2, 3, 2, 2})), Error);   // wrong channel count
+  bn.train();
+  CHECK_THROWS_AS(bn.forward(randn({1, 2, 1, 1})), Error);   // one value per channel
+  CHECK_THROWS_AS(nn::BatchNorm2d(0), Error);
+}
+
+TEST_CASE("gradient of BatchNorm2d in training mode", "[nn][batchnorm][gradcheck]") {
+  nn::BatchNorm2d bn(nn::BatchNorm2dOptions(2).track_running_stats(false));
+  auto f = [bn](const std::vector<Tensor>& v) { return bn.forward(v[0]); };
+  auto result = kiln::testing::gradcheck(f, {kiln::testing::uniform({2, 2, 2, 3}, -2, 2, 600)});
+  INFO(result.report);
+  CHECK(result.ok);
 }
 
 TEST_CASE("activations, Flatten, LayerNorm and Embedding", "[nn]") {

@@ -1,0 +1,336 @@
+// max_pool2d / avg_pool2d and their modules against plain nested-loop references written after
+// PyTorch's CPU kernels (output sizes, divisors, which maximum wins), gradients in float64, and
+// the errors.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <kiln/kiln.h>
+
+#include "tests/support/compare.h"
+#include "tests/support/gradcheck.h"
+
+using namespace kiln;
+using kiln::testing::check_close;
+using kiln::testing::gradcheck;
+using Inputs = std::vector<Tensor>;
+using Pair = std::array<int64_t, 2>;
+
+#define CHECK_GRADIENTS(...)                        \
+  do {                                              \
+    auto gradcheck_result = gradcheck(__VA_ARGS__); \
+    INFO(gradcheck_result.report);                  \
+    CHECK(gradcheck_result.ok);                     \
+  } while (0)
+
+namespace {
+
+// One pooling call: input (N, C, H, W) and PyTorch's arguments.
+struct PoolCase {
+  Shape shape;
+  Pair kernel, stride{0, 0}, padding{0, 0}, dilation{1, 1};
+  bool ceil_mode = false;
+  bool count_include_pad = true;
+};
+
+std::string describe(const PoolCase& p) {
+  return fmt::format("input {} kernel ({}, {}) stride ({}, {}) padding ({}, {}) dilation ({}, {}) ceil {} "
+                     "count_include_pad {}",
+                     shape_str(p.shape), p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.padding[0],
+                     p.padding[1], p.dilation[0], p.dilation[1], p.ceil_mode, p.count_include_pad);
+}
+
+int64_t reference_size(int64_t L, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode) {
+  int64_t span = L + 2 * p - d * (k - 1) - 1;
+  int64_t out = (span + (ceil_mode ? s - 1 : 0)) / s + 1;  // span >= 0 in every case below
+  if (ceil_mode && (out - 1) * s >= L + p) --out;
+  return out;
+}
+
+// The reference: y (N, C, OH, OW) and, for max, the flat H * W position each output took (the
+// first maximum in row-major order; padding never wins), for avg the divisor of each output.
+struct Reference {
+  Shape shape;
+  std::vector<double> y;
+  std::vector<int64_t> argmax;   // max: position in the H * W plane
+  std::vector<double> divisor;   // avg
+};
+
+Reference reference_pool(const std::vector<double>& x, const PoolCase& p, bool is_max) {
+  int64_t N = p.shape[0], C = p.shape[1], H = p.shape[2], W = p.shape[3];
+  Pair s = p.stride == Pair{0, 0} ? p.kernel : p.stride;
+  int64_t OH = reference_size(H, p.kernel[0], s[0], p.padding[0], p.dilation[0], p.ceil_mode);
+  int64_t OW = reference_size(W, p.kernel[1], s[1], p.padding[1], p.dilation[1], p.ceil_mode);
+  Reference r;
+  r.shape = {N, C, OH, OW};
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t oh = 0; oh < OH; ++oh)
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          const double* plane = x.data() + (n * C + c) * H * W;
+          int64_t h0 = oh * s[0] - p.padding[0], w0 = ow * s[1] - p.padding[1];
+          if (is_max) {
+            int64_t h1 = std::min(h0 + (p.kernel[0] - 1) * p.dilation[0] + 1, H);
+            int64_t w1 = std::min(w0 + (p.kernel[1] - 1) * p.dilation[1] + 1, W);
+            while (h0 < 0) h0 += p.dilation[0];
+            while (w0 < 0) w0 += p.dilation[1];
+            double best = -std::numeric_limits<double>::infinity();
+            int64_t at = h0 * W + w0;
+            for (int64_t h = h0; h < h1; h += p.dilation[0])
+              for (int64_t w = w0; w < w1; w += p.dilation[1])
+                if (plane[h * W + w] > best) best = plane[h * W + w], at = h * W + w;
+            r.y.push_back(best);
+            r.argmax.push_back(at);
+          } else {
+            int64_t h1 = std::min(h0 + p.kernel[0], H + p.padding[0]);
+            int64_t w1 = std::min(w0 + p.kernel[1], W + p.padding[1]);
+            int64_t pool_size = (h1 - h0) * (w1 - w0);
+            h0 = std::max<int64_t>(h0, 0), w0 = std::max<int64_t>(w0, 0);
+            h1 = std::min(h1, H), w1 = std::min(w1, W);
+            double total = 0;
+            for (int64_t h = h0; h < h1; ++h)
+              for (int64_t w = w0; w < w1; ++w) total += plane[h * W + w];
+            double divisor = p.count_include_pad ? pool_size : (h1 - h0) * (w1 - w0);
+            r.y.push_back(total / divisor);
+            r.divisor.push_back(divisor);
+          }
+        }
+  return r;
+}
+
+// d(sum(y * dy))/dx from the reference's argmax / divisors.
+std::vector<double> reference_grad(const Reference& r, const PoolCase& p, bool is_max, const std::vector<double>& dy) {
+  int64_t N = p.shape[0], C = p.shape[1], H = p.shape[2], W = p.shape[3], OH = r.shape[2], OW = r.shape[3];
+  Pair s = p.stride == Pair{0, 0} ? p.kernel : p.stride;
+  std::vector<double> dx(static_cast<size_t>(N * C * H * W), 0.0);
+  for (int64_t plane = 0; plane < N * C; ++plane)
+    for (int64_t oh = 0; oh < OH; ++oh)
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        size_t o = static_cast<size_t>((plane * OH + oh) * OW + ow);
+        if (is_max) {
+          dx[static_cast<size_t>(plane * H * W + r.argmax[o])] += dy[o];
+          continue;
+        }
+        int64_t h0 = oh * s[0] - p.padding[0], w0 = ow * s[1] - p.padding[1];
+        for (int64_t h = std::max<int64_t>(h0, 0); h < std::min(h0 + p.kernel[0], H); ++h)
+          for (int64_t w = std::max<int64_t>(w0, 0); w < std::min(w0 + p.kernel[1], W); ++w)
+            dx[static_cast<size_t>(plane * H * W + h * W + w)] += dy[o] / r.divisor[o];
+      }
+  return dx;
+}
+
+std::vector<double> random_values(size_t n, uint64_t seed, bool small_integers = false) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-3, 3);
+  std::vector<double> v(n);
+  for (auto& e : v) e = small_integers ? std::floor(u(rng)) : u(rng);  // integers: many ties
+  return v;
+}
+
+Tensor run_pool(const Tensor& x, const PoolCase& p, bool is_max) {
+  return is_max ? max_pool2d(x, p.kernel, p.stride, p.padding, p.dilation, p.ceil_mode)
+                : avg_pool2d(x, p.kernel, p.stride, p.padding, p.ceil_mode, p.count_include_pad);
+}
+
+// Tiled, strided, overlapping, padded, dilated, ceil-mode and odd-sized cases.
+const std::vector<PoolCase> kMaxCases = {
+    {{2, 3, 6, 8}, {2, 2}},                                 // tiles the input
+    {{1, 2, 7, 9}, {2, 2}},                                 // odd sizes: the last row / column is dropped
+    {{1, 2, 7, 9}, {2, 2}, {0, 0}, {0, 0}, {1, 1}, true},  // ceil mode keeps them
+    {{2, 2, 7, 8}, {3, 3}, {2, 2}, {1, 1}},                 // overlapping, padded
+    {{1, 2, 8, 8}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, true},  // ceil mode with padding
+    {{1, 1, 9, 10}, {2, 3}, {1, 2}, {1, 1}, {2, 1}},        // stride 1, rectangular, dilated rows
+    {{1, 2, 6, 7}, {3, 2}, {3, 1}, {1, 0}, {1, 2}, true},   // stride > padding, dilated columns
+    {{2, 1, 5, 5}, {5, 5}, {1, 1}, {2, 2}},                 // kernel as large as the input
+};
+
+const std::vector<PoolCase> kAvgCases = {
+    {{2, 3, 6, 8}, {2, 2}},
+    {{1, 2, 7, 9}, {2, 2}},
+    {{1, 2, 7, 9}, {2, 2}, {0, 0}, {0, 0}, {1, 1}, true},
+    {{2, 2, 7, 8}, {3, 3}, {2, 2}, {1, 1}},
+    {{2, 2, 7, 8}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, false, false},  // count_include_pad false
+    {{1, 2, 8, 8}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, true},          // ceil: clipped divisors
+    {{1, 2, 8, 8}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, true, false},
+    {{1, 1, 9, 10}, {2, 3}, {1, 2}, {1, 1}},
+    {{1, 2, 5, 6}, {4, 4}, {3, 3}, {2, 1}, {1, 1}, true},
+};
+
+}  // namespace
+
+TEST_CASE("pooling output sizes follow PyTorch's formula and ceil-mode rule", "[pooling]") {
+  Tensor x = zeros({1, 1, 5, 8});
+  CHECK(max_pool2d(x, {2, 2}).shape() == Shape{1, 1, 2, 4});
+  CHECK(max_pool2d(x, {2, 2}, {2, 2}, {0, 0}, {1, 1}, true).shape() == Shape{1, 1, 3, 4});
+  CHECK(max_pool2d(x, {3, 3}, {2, 2}, {1, 1}).shape() == Shape{1, 1, 3, 4});
+  CHECK(avg_pool2d(zeros({1, 8, 6}), {3, 3}, {2, 2}, {1, 1}, true).shape() == Shape{1, 5, 4});
+  // W = 5, kernel 2, stride 2, padding 1, ceil: a 4th window would start at 3 * 2 - 1 = 5, in the
+  // right padding alone, so it is dropped.
+  CHECK(avg_pool2d(zeros({1, 1, 5}), {1, 2}, {1, 2}, {0, 1}, true).shape() == Shape{1, 1, 3});
+  CHECK(max_pool2d(zeros({1, 1, 5}), {1, 2}, {1, 2}, {0, 1}, {1, 1}, true).shape() == Shape{1, 1, 3});
+  CHECK(max_pool2d(zeros({2, 3, 10, 10}), {3, 3}, {1, 1}, {0, 0}, {2, 2}).shape() == Shape{2, 3, 6, 6});
+  // (C, H, W) inputs keep their rank.
+  CHECK(max_pool2d(zeros({3, 4, 4}), {2, 2}).shape() == Shape{3, 2, 2});
+}
+
+TEST_CASE("max_pool2d matches a nested-loop reference", "[pooling]") {
+  uint64_t seed = 100;
+  for (const PoolCase& p : kMaxCases) {
+    INFO(describe(p));
+    std::vector<double> xs = random_values(static_cast<size_t>(numel(p.shape)), ++seed);
+    Reference r = reference_pool(xs, p, true);
+    for (DType dtype : {DType::Float32, DType::Float64}) {
+      Tensor y = run_pool(from_doubles(xs, p.shape, dtype), p, true);
+      REQUIRE(y.shape() == r.shape);
+      check_close(y, dtype == DType::Float32 ? kiln::testing::map_values(r.y, kiln::testing::as_float) : r.y, 0, 0);
+    }
+  }
+}
+
+TEST_CASE("avg_pool2d matches a nested-loop reference", "[pooling]") {
+  uint64_t seed = 200;
+  for (const PoolCase& p : kAvgCases) {
+    INFO(describe(p));
+    std::vector<double> xs = random_values(static_cast<size_t>(numel(p.shape)), ++seed);
+    Reference r = reference_pool(xs, p, false);
+    Tensor y = run_pool(from_doubles(xs, p.shape, DType::Float64), p, false);
+    REQUIRE(y.shape() == r.shape);
+    check_close(y, r.y, 1e-12, 1e-12);
+    check_close(run_pool(from_doubles(xs, p.shape, DType::Float32), p, false), r.y, 1e-5, 1e-6);
+  }
+  // Half types accumulate in float32.
+  PoolCase p{{1, 1, 6, 6}, {3, 3}, {1, 1}, {1, 1}};
+  std::vector<double> xs = random_values(36, 7);
+  Tensor y = avg_pool2d(from_doubles(xs, p.shape, DType::Float16), p.kernel, p.stride, p.padding);
+  CHECK(y.dtype() == DType::Float16);
+  auto as_half = [](double v) { return double(half_to_float(float_to_half(float(v)))); };
+  check_close(y, reference_pool(kiln::testing::map_values(xs, as_half), p, false).y, 2e-3, 2e-3);
+}
+
+TEST_CASE("max pooling pads with -inf, propagates NaN and pools integers", "[pooling]") {
+  // All negative: a zero from the padding must never win.
+  Tensor x = from_vector<float>({-5, -4, -3, -2, -1, -6, -7, -8, -9}, {1, 3, 3});
+  check_close(max_pool2d(x, {3, 3}, {1, 1}, {1, 1}), {-1, -1, -1, -1, -1, -1, -1, -1, -1});
+  check_close(max_pool2d(x, {2, 2}, {2, 2}, {1, 1}), {-5, -3, -2, -1});
+  // A window of -inf stays -inf.
+  check_close(max_pool2d(full({1, 2, 2}, -INFINITY), {2, 2}, {1, 1}, {1, 1}),
+              std::vector<double>(9, -kiln::testing::kInf));
+  Tensor with_nan = from_vector<float>({1, NAN, 3, 4, 5, 6, 7, 8}, {1, 2, 4});
+  auto y = max_pool2d(with_nan, {2, 2}).to_vector<float>();
+  CHECK(std::isnan(y[0]));
+  CHECK(y[1] == 8);
+  Tensor ints = from_vector<int32_t>({-5, -4, -3, -2, -1, -6, -7, -8, -9}, {1, 3, 3});
+  Tensor yi = max_pool2d(ints, {2, 2}, {2, 2}, {1, 1});
+  CHECK(yi.dtype() == DType::Int32);
+  CHECK(yi.to_vector<int32_t>() == std::vector<int32_t>{-5, -3, -2, -1});
+  CHECK(max_pool2d(from_vector<uint8_t>({0, 3, 2, 1}, {1, 2, 2}), {2, 2}, {1, 1}, {1, 1}).to_vector<uint8_t>() ==
+        std::vector<uint8_t>{0, 3, 3, 2, 3, 3, 2, 2, 1});
+}
+
+TEST_CASE("max_pool2d sends the gradient to the first maximum, as PyTorch", "[pooling]") {
+  // Small integers: windows are full of ties, overlapping windows share their winners.
+  uint64_t seed = 300;
+  for (const PoolCase& p : kMaxCases) {
+    INFO(describe(p));
+    std::vector<double> xs = random_values(static_cast<size_t>(numel(p.shape)), ++seed, true);
+    Reference r = reference_pool(xs, p, true);
+    std::vector<double> dy = random_values(r.y.size(), ++seed);
+    Tensor x = from_doubles(xs, p.shape, DType::Float64).requires_grad_();
+    Tensor y = run_pool(x, p, true);
+    check_close(y, r.y, 0, 0);
+    Tensor dx = grad(y, {x}, from_doubles(dy, r.shape, DType::Float64))[0];
+    check_close(dx, reference_grad(r, p, true, dy), 1e-12, 1e-12);
+  }
+  // A window of equal values: all of its gradient goes to its top-left element.
+  Tensor x = zeros({1, 1, 2, 2}).requires_grad_();
+  Tensor dx = grad(max_pool2d(x, {2, 2}).sum(), {x})[0];
+  check_close(dx, {1, 0, 0, 0});
+}
+
+TEST_CASE("avg_pool2d gradients match the reference", "[pooling]") {
+  uint64_t seed = 400;
+  for (const PoolCase& p : kAvgCases) {
+    INFO(describe(p));
+    std::vector<double> xs = random_values(static_cast<size_t>(numel(p.shape)), ++seed);
+    Reference r = reference_pool(xs, p, false);
+    std::vector<double> dy = random_values(r.y.size(), ++seed);
+    Tensor x = from_doubles(xs, p.shape, DType::Float64).requires_grad_();
+    Tensor dx = grad(run_pool(x, p, false), {x}, from_doubles(dy, r.shape, DType::Float64))[0];
+    check_close(dx, reference_grad(r, p, false, dy), 1e-12, 1e-12);
+  }
+}
+
+TEST_CASE("gradients of max_pool2d and avg_pool2d", "[pooling][gradcheck]") {
+  // Distinct values keep max pooling away from ties, where it is not differentiable.
+  Tensor x = kiln::testing::distinct({1, 1, 5, 6}, 0.05, 500);
+  CHECK_GRADIENTS([](const Inputs& v) { return max_pool2d(v[0], {2, 2}); },
+                  {kiln::testing::distinct({1, 2, 4, 4}, 0.05, 501)});
+  CHECK_GRADIENTS([](const Inputs& v) { return max_pool2d(v[0], {3, 3}, {2, 2}, {1, 1}, {1, 1}, true); }, {x});
+  CHECK_GRADIENTS([](const Inputs& v) { return max_pool2d(v[0], {2, 2}, {1, 1}, {1, 0}, {2, 2}); }, {x});
+  CHECK_GRADIENTS([](const Inputs& v) { return avg_pool2d(v[0], {2, 2}); },
+                  {kiln::testing::uniform({1, 2, 4, 4}, -1, 1, 502)});
+  CHECK_GRADIENTS([](const Inputs& v) { return avg_pool2d(v[0], {3, 3}, {2, 2}, {1, 1}, true, false); }, {x});
+  CHECK_GRADIENTS([](const Inputs& v) { return avg_pool2d(v[0], {2, 3}, {1, 2}, {1, 1}); }, {x});
+  // (C, H, W) input, pooled twice.
+  CHECK_GRADIENTS([](const Inputs& v) { return avg_pool2d(max_pool2d(v[0], {2, 2}, {1, 1}), {2, 2}, {1, 1}); },
+                  {kiln::testing::distinct({2, 4, 4}, 0.05, 503)});
+}
+
+TEST_CASE("pooling errors name the op and the problem", "[pooling]") {
+  Tensor x = zeros({1, 1, 4, 4});
+  auto fails_with = [](const std::function<void()>& f, const std::string& text) {
+    try {
+      f();
+      FAIL("no error");
+    } catch (const Error& e) {
+      INFO(e.what());
+      CHECK_THAT(e.what(), Catch::Contains(text));
+    }
+  };
+  fails_with([&] { max_pool2d(zeros({4, 4}), {2, 2}); }, "max_pool2d");
+  fails_with([&] { max_pool2d(zeros({1, 1, 1, 4, 4}), {2, 2}); }, "(N, C, H, W)");
+  fails_with([&] { max_pool2d(zeros({1, 0, 4, 4}), {2, 2}); }, "non-zero");
+  fails_with([&] { max_pool2d(x, {0, 2}); }, "kernel must be positive");
+  fails_with([&] { max_pool2d(x, {2, 2}, {-1, 1}); }, "stride must be positive");
+  fails_with([&] { max_pool2d(x, {2, 2}, {2, 2}, {0, 0}, {0, 1}); }, "dilation must be positive");
+  fails_with([&] { max_pool2d(x, {2, 2}, {2, 2}, {2, 0}); }, "half the kernel");
+  fails_with([&] { avg_pool2d(x, {3, 3}, {1, 1}, {-1, 0}); }, "padding");
+  fails_with([&] { max_pool2d(x, {5, 5}); }, "too small");
+  fails_with([&] { max_pool2d(x, {2, 2}, {1, 1}, {0, 0}, {4, 1}); }, "too small");
+  fails_with([&] { max_pool2d(zeros({1, 1, 3, 3}), {2, 2}, {1, 1}, {1, 1}, {4, 4}); }, "only padding");
+  fails_with([&] { avg_pool2d(zeros({1, 1, 4, 4}, DType::Int32), {2, 2}); }, "float");
+  fails_with([&] { max_pool2d(zeros({1, 1, 4, 4}, DType::Bool), {2, 2}); }, "bool");
+}
+
+TEST_CASE("MaxPool2d and AvgPool2d modules", "[pooling][nn]") {
+  manual_seed(3);
+  Tensor x = randn({2, 3, 6, 6});
+  nn::MaxPool2d pool(2);
+  CHECK(pool.parameters().empty());
+  CHECK(pool.options.kernel_size() == Pair{2, 2});
+  CHECK_THAT(pool.to_string(), Catch::Contains("MaxPool2d(kernel_size=(2, 2), stride=(2, 2)"));
+  CHECK(pool.forward(x).to_vector<float>() == max_pool2d(x, {2, 2}).to_vector<float>());
+
+  nn::MaxPool2d overlapping(nn::MaxPool2dOptions(3).stride(2).padding(1).ceil_mode(true));
+  CHECK(overlapping.options.stride() == Pair{2, 2});
+  CHECK(overlapping.forward(x).to_vector<float>() ==
+        max_pool2d(x, {3, 3}, {2, 2}, {1, 1}, {1, 1}, true).to_vector<float>());
+  nn::MaxPool2d rectangular(nn::MaxPool2dOptions({2, 3}).stride({1, 2}).dilation({2, 1}));
+  CHECK(rectangular.forward(x).shape() == Shape{2, 3, 4, 2});
+
+  nn::AvgPool2d avg(nn::AvgPool2dOptions(3).stride(2).padding(1).count_include_pad(false));
+  CHECK_THAT(avg.to_string(), Catch::Contains("count_include_pad=false"));
+  CHECK(avg.forward(x).to_vector<float>() ==
+        avg_pool2d(x, {3, 3}, {2, 2}, {1, 1}, false, false).to_vector<float>());
+  CHECK(nn::AvgPool2d(2).forward(x).shape() == Shape{2, 3, 3, 3});
+
+  // In a Sequential with the other layers; eval mode changes nothing.
+  nn::Sequential net(nn::MaxPool2d(2), nn::Flatten(), nn::Linear(27, 4));
+  CHECK(net.forward(x).shape() == Shape{2, 4});
+  pool.eval();
+  CHECK(pool.forward(x).to_vector<float>() == max_pool2d(x, {2, 2}).to_vector<float>());
+  CHECK_THROWS_AS(nn::MaxPool2d(2).forward(randn({6, 6})), Error);
+}

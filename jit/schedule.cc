@@ -528,15 +528,19 @@ int KernelBuilder::buffer(int slot, DType dtype, bool written) {
 int KernelBuilder::value(const Node* node, const std::vector<IndexExpr>& idx, bool is_root) {
   IndexContext& ctx = k_.ctx;
   if (!is_root) {
-    auto slot = s_.slot_of.find(node);
+    // Reshapes of a buffer keep its linear index: load there directly rather than through the
+    // div/mod decomposition, which the simplifier cannot always fold back.
+    const Node* base = node;
+    while (!s_.slot_of.count(base) && base->op == Op::Reshape && !base->realized()) base = base->inputs[0].get();
+    auto slot = s_.slot_of.find(base);
     if (slot != s_.slot_of.end()) {
       Expr e{Expr::Kind::Load};
-      e.dtype = node->dtype;
-      e.buffer = buffer(slot->second, node->dtype);
+      e.dtype = base->dtype;
+      e.buffer = buffer(slot->second, base->dtype);
       e.index = linear(idx, node->shape);
       // Under a pad the index may point outside the buffer where the pad's guard fails (the
       // value is then discarded); such a load must not touch memory at that index.
-      if (ctx.min(e.index) < 0 || ctx.max(e.index) >= node->numel()) e.guards = pad_guards_;
+      if (ctx.min(e.index) < 0 || ctx.max(e.index) >= base->numel()) e.guards = pad_guards_;
       return push(std::move(e));
     }
   }
@@ -776,14 +780,26 @@ Kernel build_scatter(const Scheduler& s, const Node* node, int slot) {
 void matmul_operand(Scheduler& s, Kernel& k, const Node* in, int& buffer_out, int64_t strides[3], int64_t& offset) {
   IndexContext ctx;  // its own variables: the operands have different extents
   std::vector<IndexExpr> idx = {ctx.var("b", in->shape[0]), ctx.var("m", in->shape[1]), ctx.var("n", in->shape[2])};
+  auto linearize = [&](const std::vector<IndexExpr>& at, const Shape& shape) {
+    IndexExpr lin = ctx.constant(0);
+    auto st = contiguous_strides(shape);
+    for (size_t d = 0; d < at.size(); ++d) lin = ctx.add(lin, ctx.scale(at[d], st[d]));
+    return lin;
+  };
   const Node* node = in;
+  std::optional<IndexExpr> reshaped;  // set when reshapes lead straight to the buffer
   while (!s.has_slot(node)) {
     const Shape& src = node->inputs[0]->shape;
     std::vector<IndexExpr> next(src.size(), ctx.constant(0));
     if (node->op == Op::Reshape) {
-      IndexExpr lin = ctx.constant(0);
-      auto st = contiguous_strides(node->shape);
-      for (size_t d = 0; d < idx.size(); ++d) lin = ctx.add(lin, ctx.scale(idx[d], st[d]));
+      IndexExpr lin = linearize(idx, node->shape);
+      const Node* base = node;
+      while (!s.has_slot(base) && base->op == Op::Reshape) base = base->inputs[0].get();
+      if (s.has_slot(base)) {  // the buffer's own linear index: no div/mod to fold back
+        reshaped = lin;
+        node = base;
+        break;
+      }
       auto sst = contiguous_strides(src);
       for (size_t d = 0; d < src.size(); ++d) next[d] = d == 0 ? ctx.div(lin, sst[0]) : ctx.mod(ctx.div(lin, sst[d]), src[d]);
     } else if (node->op == Op::Permute) {
@@ -799,9 +815,7 @@ void matmul_operand(Scheduler& s, Kernel& k, const Node* in, int& buffer_out, in
     idx = std::move(next);
     node = node->inputs[0].get();
   }
-  IndexExpr lin = ctx.constant(0);
-  auto st = contiguous_strides(node->shape);
-  for (size_t d = 0; d < idx.size(); ++d) lin = ctx.add(lin, ctx.scale(idx[d], st[d]));
+  IndexExpr lin = reshaped ? *reshaped : linearize(idx, node->shape);
   if (!ctx.is_affine(lin)) {
     // A reshape that mixes dims: copy the operand into a buffer of its own first.
     s.materialized[s.position.at(in)] = true;

@@ -163,7 +163,16 @@ Grads scatter_add_grad(const NodePtr& n, const Tensor& g) {
 Grads matmul_grad(const NodePtr& n, const Tensor& g) {
   Tensor a = in(n, 0), b = in(n, 1);
   // dA = dC @ B^T, dB = A^T @ dC; a stride-0 (broadcast) batch sums in the Expand rule.
-  return {prim::matmul(g, prim::permute(b, {0, 2, 1})), prim::matmul(prim::permute(a, {0, 2, 1}), g)};
+  Tensor db;
+  const Node& bn = *n->inputs[1];
+  if (bn.op == Op::Permute && !bn.realized() && bn.ints == std::vector<int64_t>{0, 2, 1}) {
+    // B is a transposed view (x @ W^T in Linear): compute dB^T = dC^T @ A, so that the
+    // Permute rule's transpose cancels this one and W's gradient is stored in W's layout.
+    db = prim::permute(prim::matmul(prim::permute(g, {0, 2, 1}), a), {0, 2, 1});
+  } else {
+    db = prim::matmul(prim::permute(a, {0, 2, 1}), g);
+  }
+  return {prim::matmul(g, prim::permute(b, {0, 2, 1})), db};
 }
 
 // conv's adjoints are bilinear too, so each gradient is one of the three passes again.

@@ -63,7 +63,11 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     // (..., M, K) @ (K, N): fold a's batch into rows, one 2-d product.
     Tensor a2 = reshape(broadcast_to(a, [&] { Shape s = batch; s.push_back(M); s.push_back(K); return s; }()),
                         {1, B * M, K});
-    out = prim::matmul(a2, reshape(b, {1, K, N}));
+    // A transposed 2-d b (x @ W^T) stays a transpose on the outside, which the matmul's grad rule
+    // uses to give W's gradient in W's layout.
+    bool transposed = b.dim() == 2 && b.node()->op == Op::Permute && !b.node()->realized();
+    Tensor b3 = transposed ? prim::permute(reshape(prim::permute(b, {1, 0}), {1, N, K}), {0, 2, 1}) : reshape(b, {1, K, N});
+    out = prim::matmul(a2, b3);
   } else {
     auto to3 = [&](const Tensor& x, const Shape& xb, int64_t r, int64_t c) {
       if (numel(xb) == 1) return expand(reshape(x, {1, r, c}), {B, r, c});  // stride-0 batch

@@ -99,6 +99,14 @@ Tensor permute(const Tensor& a, const std::vector<int64_t>& perm) {
   bool identity = true;
   for (size_t i = 0; i < perm.size(); ++i) identity &= perm[i] == static_cast<int64_t>(i);
   if (identity) return a;
+  const NodePtr& n = a.node();
+  if (n->op == Op::Permute && !n->realized() && !n->requires_grad) {
+    // A permute of a permute is one permute (often none: the gradient of a transposed operand
+    // transposed back). Only where no gradient can be asked for the skipped node.
+    std::vector<int64_t> composed(perm.size());
+    for (size_t i = 0; i < perm.size(); ++i) composed[i] = n->ints[perm[i]];
+    return permute(Tensor(n->inputs[0]), composed);
+  }
   Shape out(perm.size());
   for (size_t i = 0; i < perm.size(); ++i) out[i] = a.shape()[perm[i]];
   return make(Op::Permute, a.dtype(), out, {a}, perm);

@@ -1,7 +1,8 @@
-// train_mnist: trains an MLP (784-512-512-10) on Fashion-MNIST, printing a progress bar per epoch
-// and the test accuracy after each one.
+// train_mnist: trains an MLP (784-512-512-10) or a small CNN on Fashion-MNIST, printing a progress
+// bar per epoch and the test accuracy after each one.
 //
 //   ./build/samples/train_mnist --epochs 1
+//   ./build/samples/train_mnist --epochs 1 --model cnn
 //   ./build/samples/train_mnist --epochs 3 --lr 0.05 --batch 128 --save mlp.safetensors --log-csv loss.csv
 //   ./build/samples/train_mnist --epochs 1 --load mlp.safetensors   # continue from a saved run
 //
@@ -39,6 +40,22 @@ struct Mlp : nn::Module {
   }
 };
 
+// LeNet-style: conv 32 (3x3, pad 1), ReLU, max pool 2, conv 64, ReLU, max pool 2, fc 128, fc 10.
+struct Cnn : nn::Module {
+  Cnn() : Module("Cnn") {}
+  nn::Conv2d conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)));
+  nn::Conv2d conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)));
+  nn::MaxPool2d pool = register_module("pool", nn::MaxPool2d(2));
+  nn::Linear fc1 = register_module("fc1", nn::Linear(64 * 7 * 7, 128));
+  nn::Linear fc2 = register_module("fc2", nn::Linear(128, 10));
+  Tensor forward(const Tensor& x) {  // x: (B, 784) -> logits (B, 10)
+    Tensor h = x.reshape({x.size(0), 1, 28, 28});
+    h = pool.forward(kiln::relu(conv1.forward(h)));  // (B, 32, 14, 14)
+    h = pool.forward(kiln::relu(conv2.forward(h)));  // (B, 64, 7, 7)
+    return fc2.forward(kiln::relu(fc1.forward(h.reshape({x.size(0), 64 * 7 * 7}))));
+  }
+};
+
 // Correct predictions in a batch of logits (B, 10) against labels (B): a lazy int64 scalar,
 // detached so that it carries no gradient history into the optimizer's step.
 static Tensor count_correct(const Tensor& logits, const Tensor& labels) {
@@ -52,7 +69,8 @@ static std::string optimizer_path(const std::string& model_path) {
   return model_path + ".optim.safetensors";
 }
 
-static double evaluate(Mlp& model, const data::Dataset& test) {
+template <typename Model>
+static double evaluate(Model& model, const data::Dataset& test) {
   kiln::NoGradGuard no_grad;
   model.eval();
   data::DataLoader loader(test, data::DataLoaderOptions(1000));
@@ -75,19 +93,97 @@ static void progress(int epoch, int64_t step, int64_t steps, double loss, double
   std::fflush(stdout);
 }
 
-int main(int argc, char** argv) {
-  CLI::App app{"Train an MLP on Fashion-MNIST with kiln"};
+struct Settings {
   int epochs = 1;
   int64_t max_steps = -1, batch_size = 128;
   double lr = 0.05;
   std::string model_name = "mlp", device = "cpu", save_path, load_path, csv_path, data_dir;
   uint64_t seed = 0;
+};
+
+template <typename Model>
+static void fit(const Settings& settings, const data::Dataset& train_set, const data::Dataset& test) {
+  const auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir,
+               seed] = settings;
+  Model model;
+  std::cout << model << "\n";
+  kiln::optim::SGD optimizer(model.parameters(), kiln::optim::SGDOptions(lr).momentum(0.9));
+  optimizer.sync_with_step(model.buffers());  // running statistics, if a model has BatchNorm
+  if (!load_path.empty()) {
+    nn::load(model, load_path);
+    std::string state_path = optimizer_path(load_path);
+    if (std::filesystem::exists(state_path)) {
+      kiln::optim::load(optimizer, state_path);
+      optimizer.set_lr(lr);  // the schedule below starts from --lr
+    }
+    fmt::print("loaded {}{}\n", load_path, std::filesystem::exists(state_path) ? " and " + state_path : "");
+  }
+  data::DataLoader loader(train_set, data::DataLoaderOptions(batch_size).shuffle(true).seed(seed).drop_last(true));
+  int64_t total_steps = static_cast<int64_t>(loader.size()) * epochs;
+  if (max_steps >= 0) total_steps = std::min(total_steps, max_steps);
+  kiln::optim::CosineAnnealingLR schedule(optimizer, std::max<int64_t>(total_steps, 1));
+  std::ofstream csv;
+  if (!csv_path.empty()) {
+    csv.open(csv_path);
+    KILN_CHECK(csv.good(), "train_mnist", "cannot write {}", csv_path);
+    csv << "step,loss\n";
+  }
+
+  int64_t global_step = 0, trained_examples = 0;
+  double accuracy = 0, train_seconds = 0;  // training steps only: evaluation excluded
+  for (int epoch = 1; epoch <= epochs && global_step != max_steps; ++epoch) {
+    auto start = std::chrono::steady_clock::now();
+    int64_t step = 0, seen = 0, correct_total = 0;
+    for (data::Batch& batch : loader) {
+      Tensor loss, correct;
+      {  // no handle to the logits outlives the step: it would keep the update from running in place
+        Tensor logits = model.forward(batch.input);
+        loss = nn::cross_entropy(logits, batch.target);
+        correct = count_correct(logits, batch.target);
+      }
+      // Forward, backward, update, loss and accuracy as one cached plan. step(loss) computes
+      // the gradients itself, so they live only inside the plan; PyTorch's style,
+      // zero_grad(); loss.backward(); step({loss, correct}), works too but writes them to p.grad().
+      optimizer.step(loss, {correct});
+      schedule.step();
+      double loss_value = loss.item();
+      correct_total += static_cast<int64_t>(correct.item());
+      seen += batch.target.numel();
+      ++step;
+      ++global_step;
+      if (csv.is_open()) csv << fmt::format("{},{:.9g}\n", global_step, loss_value);
+      double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (step % 10 == 0 || step == static_cast<int64_t>(loader.size()))
+        progress(epoch, step, static_cast<int64_t>(loader.size()), loss_value, 100.0 * correct_total / seen,
+                 seen / seconds);
+      if (global_step == max_steps) break;
+    }
+    train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    trained_examples += seen;
+    accuracy = evaluate(model, test);
+    fmt::print("\nepoch {}: test accuracy {:.2f}%\n", epoch, accuracy);
+  }
+  fmt::print("test accuracy: {:.2f}%\n", accuracy);
+  fmt::print("training: {:.0f} examples/s ({} examples in {:.2f} s, first step included, evaluation excluded)\n",
+             trained_examples / std::max(train_seconds, 1e-9), trained_examples, train_seconds);
+  if (!save_path.empty()) {
+    nn::save(model, save_path);
+    kiln::optim::save(optimizer, optimizer_path(save_path));
+    fmt::print("saved {} and {}\n", save_path, optimizer_path(save_path));
+  }
+}
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train an MLP or a CNN on Fashion-MNIST with kiln"};
+  Settings s;
+  auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir, seed] = s;
   app.add_option("--epochs", epochs, "passes over the training set")->check(CLI::PositiveNumber);
   app.add_option("--max-steps", max_steps, "stop after this many steps in all (-1: no limit)");
   app.add_option("--batch", batch_size, "examples per step")->check(CLI::PositiveNumber);
   app.add_option("--lr", lr, "peak learning rate of SGD (momentum 0.9), cosine-annealed to 0")
       ->check(CLI::PositiveNumber);
-  app.add_option("--model", model_name, "model: mlp")->check(CLI::IsMember({"mlp"}));
+  app.add_option("--model", model_name, "mlp (784-512-512-10) or cnn (conv 32, pool, conv 64, pool, fc 128, fc 10)")
+      ->check(CLI::IsMember({"mlp", "cnn"}));
   app.add_option("--device", device, "cpu")->check(CLI::IsMember({"cpu"}));
   app.add_option("--seed", seed, "seed of initialization and shuffling");
   app.add_option("--save", save_path, "write the trained weights (safetensors) and the optimizer state next to them");
@@ -103,72 +199,8 @@ int main(int argc, char** argv) {
     data::FashionMnist train(data_dir, data::Split::Train, normalized);
     data::FashionMnist test(data_dir, data::Split::Test, normalized);
 
-    Mlp model;
-    std::cout << model << "\n";
-    kiln::optim::SGD optimizer(model.parameters(), kiln::optim::SGDOptions(lr).momentum(0.9));
-    optimizer.sync_with_step(model.buffers());  // running statistics, if a model has BatchNorm
-    if (!load_path.empty()) {
-      nn::load(model, load_path);
-      std::string state_path = optimizer_path(load_path);
-      if (std::filesystem::exists(state_path)) {
-        kiln::optim::load(optimizer, state_path);
-        optimizer.set_lr(lr);  // the schedule below starts from --lr
-      }
-      fmt::print("loaded {}{}\n", load_path, std::filesystem::exists(state_path) ? " and " + state_path : "");
-    }
-    data::DataLoader loader(train, data::DataLoaderOptions(batch_size).shuffle(true).seed(seed).drop_last(true));
-    int64_t total_steps = static_cast<int64_t>(loader.size()) * epochs;
-    if (max_steps >= 0) total_steps = std::min(total_steps, max_steps);
-    kiln::optim::CosineAnnealingLR schedule(optimizer, std::max<int64_t>(total_steps, 1));
-    std::ofstream csv;
-    if (!csv_path.empty()) {
-      csv.open(csv_path);
-      KILN_CHECK(csv.good(), "train_mnist", "cannot write {}", csv_path);
-      csv << "step,loss\n";
-    }
-
-    int64_t global_step = 0, trained_examples = 0;
-    double accuracy = 0, train_seconds = 0;  // training steps only: evaluation excluded
-    for (int epoch = 1; epoch <= epochs && global_step != max_steps; ++epoch) {
-      auto start = std::chrono::steady_clock::now();
-      int64_t step = 0, seen = 0, correct_total = 0;
-      for (data::Batch& batch : loader) {
-        Tensor loss, correct;
-        {  // no handle to the logits outlives the step: it would keep the update from running in place
-          Tensor logits = model.forward(batch.input);
-          loss = nn::cross_entropy(logits, batch.target);
-          correct = count_correct(logits, batch.target);
-        }
-        // Forward, backward, update, loss and accuracy as one cached plan. step(loss) computes
-        // the gradients itself, so they live only inside the plan; PyTorch's style,
-        // zero_grad(); loss.backward(); step({loss, correct}), works too but writes them to p.grad().
-        optimizer.step(loss, {correct});
-        schedule.step();
-        double loss_value = loss.item();
-        correct_total += static_cast<int64_t>(correct.item());
-        seen += batch.target.numel();
-        ++step;
-        ++global_step;
-        if (csv.is_open()) csv << fmt::format("{},{:.9g}\n", global_step, loss_value);
-        double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (step % 10 == 0 || step == static_cast<int64_t>(loader.size()))
-          progress(epoch, step, static_cast<int64_t>(loader.size()), loss_value, 100.0 * correct_total / seen,
-                   seen / seconds);
-        if (global_step == max_steps) break;
-      }
-      train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      trained_examples += seen;
-      accuracy = evaluate(model, test);
-      fmt::print("\nepoch {}: test accuracy {:.2f}%\n", epoch, accuracy);
-    }
-    fmt::print("test accuracy: {:.2f}%\n", accuracy);
-    fmt::print("training: {:.0f} examples/s ({} examples in {:.2f} s, first step included, evaluation excluded)\n",
-               trained_examples / std::max(train_seconds, 1e-9), trained_examples, train_seconds);
-    if (!save_path.empty()) {
-      nn::save(model, save_path);
-      kiln::optim::save(optimizer, optimizer_path(save_path));
-      fmt::print("saved {} and {}\n", save_path, optimizer_path(save_path));
-    }
+    if (model_name == "cnn") fit<Cnn>(s, train, test);
+    else fit<Mlp>(s, train, test);
     const auto& jit = kiln::jit::stats();
     fmt::print("jit: {} kernels compiled, {} plan cache hits, {:.2f} s compiling\n", jit.kernels_compiled,
                jit.plan_cache_hits, jit.compile_seconds);

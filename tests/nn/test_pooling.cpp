@@ -19,13 +19,6 @@ using kiln::testing::gradcheck;
 using Inputs = std::vector<Tensor>;
 using Pair = std::array<int64_t, 2>;
 
-#define CHECK_GRADIENTS(...)                        \
-  do {                                              \
-    auto gradcheck_result = gradcheck(__VA_ARGS__); \
-    INFO(gradcheck_result.report);                  \
-    CHECK(gradcheck_result.ok);                     \
-  } while (0)
-
 namespace {
 
 // One pooling call: input (N, C, H, W) and PyTorch's arguments.

@@ -6,11 +6,20 @@
 #include <fstream>
 #include <kiln/kiln.h>
 #include <nlohmann/json.hpp>
+
+#include "tests/support/files.h"
 #include <unistd.h>
 
 using namespace kiln;
 
 namespace {
+
+using testing::header_of;
+using testing::read_bytes;
+using testing::with_header;
+using testing::write_bytes;
+
+std::string temp_path(const std::string& name) { return testing::temp_path("kiln_nn", name); }
 
 struct Model : nn::Module {
   nn::Linear fc = register_module("fc", nn::Linear(3, 4));
@@ -18,20 +27,6 @@ struct Model : nn::Module {
   nn::Embedding emb = register_module("emb", nn::Embedding(5, 2));
   Model() : Module("Model") {}
 };
-
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("kiln_nn_" + std::to_string(::getpid()) + "_" + name)).string();
-}
-
-std::vector<char> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_bytes(const std::string& path, const std::vector<char>& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 // The raw bytes of every state tensor, by name.
 std::map<std::string, std::vector<char>> snapshot(const nn::Module& m) {
@@ -41,23 +36,6 @@ std::map<std::string, std::vector<char>> snapshot(const nn::Module& m) {
     out[name] = std::vector<char>(p, p + t.numel() * dtype_size(t.dtype()));
   }
   return out;
-}
-
-nlohmann::json header_of(const std::vector<char>& bytes) {
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
-  return nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + n);
-}
-
-std::vector<char> with_header(const nlohmann::json& header, const std::vector<char>& original) {
-  uint64_t n = 0;
-  std::memcpy(&n, original.data(), 8);
-  std::string text = header.dump();
-  uint64_t len = text.size();
-  std::string out(reinterpret_cast<const char*>(&len), 8);
-  out += text;
-  out.append(original.begin() + 8 + static_cast<std::ptrdiff_t>(n), original.end());
-  return {out.begin(), out.end()};
 }
 
 }  // namespace

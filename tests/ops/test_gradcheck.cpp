@@ -18,14 +18,6 @@ using kiln::testing::gradcheck;
 using kiln::testing::uniform;
 using Inputs = std::vector<Tensor>;
 
-// Runs gradcheck and reports its worst elements when it fails.
-#define CHECK_GRADIENTS(...)                          \
-  do {                                                \
-    auto gradcheck_result = gradcheck(__VA_ARGS__);   \
-    INFO(gradcheck_result.report);                    \
-    CHECK(gradcheck_result.ok);                       \
-  } while (0)
-
 namespace {
 
 Tensor index64(const std::vector<int64_t>& values, kiln::Shape shape) {

@@ -10,11 +10,20 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+
+#include "tests/support/files.h"
 #include <unistd.h>
 
 using namespace kiln;
 
 namespace {
+
+using testing::header_of;
+using testing::read_bytes;
+using testing::with_header;
+using testing::write_bytes;
+
+std::string temp_path(const std::string& name) { return testing::temp_path("kiln_optim", name); }
 
 struct Net : nn::Module {
   Net() : Module("Net") {}
@@ -39,10 +48,6 @@ void train(Net& net, optim::Optimizer& opt, int first, int count) {
     Batch b = batch_for(s);
     opt.step(nn::cross_entropy(net.forward(b.x), b.y));
   }
-}
-
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("kiln_optim_" + std::to_string(::getpid()) + "_" + name)).string();
 }
 
 std::vector<char> bytes_of(const Tensor& t) {
@@ -75,33 +80,6 @@ std::vector<std::pair<std::string, MakeOptimizer>> optimizers() {
       {"AdamW",
        [](Net& n, double lr) { return std::make_unique<optim::AdamW>(n.parameters(), optim::AdamWOptions(lr)); }},
   };
-}
-
-std::vector<char> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_bytes(const std::string& path, const std::vector<char>& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-nlohmann::json header_of(const std::vector<char>& bytes) {
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
-  return nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
-}
-
-std::vector<char> with_header(const nlohmann::json& header, const std::vector<char>& original) {
-  uint64_t n = 0;
-  std::memcpy(&n, original.data(), 8);
-  std::string text = header.dump();
-  uint64_t len = text.size();
-  std::string out(reinterpret_cast<const char*>(&len), 8);
-  out += text;
-  out.append(original.begin() + 8 + static_cast<std::ptrdiff_t>(n), original.end());
-  return {out.begin(), out.end()};
 }
 
 }  // namespace

@@ -55,3 +55,11 @@ Tensor away_from_zero(Shape shape, double lo, double hi, uint64_t seed);
 Tensor distinct(Shape shape, double gap, uint64_t seed);
 
 }  // namespace kiln::testing
+
+// In a Catch2 test: runs gradcheck(...) and reports its worst elements when it fails.
+#define CHECK_GRADIENTS(...)                                     \
+  do {                                                           \
+    auto gradcheck_result = ::kiln::testing::gradcheck(__VA_ARGS__); \
+    INFO(gradcheck_result.report);                               \
+    CHECK(gradcheck_result.ok);                                  \
+  } while (0)

@@ -9,6 +9,7 @@
 #include "jit/compiler.h"
 #include "jit/executor.h"
 #include "memory/allocator.h"
+#include "memory/cuda_runtime.h"
 #include "memory/pool.h"
 #include "memory/recompute.h"
 #include "memory/report.h"

@@ -32,6 +32,7 @@ const void* Tensor::data() const {
 }
 
 std::vector<double> Tensor::to_doubles() const {
+  if (!device().is_cpu()) return to(Device::cpu()).to_doubles();
   const void* p = data();
   std::vector<double> out(numel());
   for (size_t i = 0; i < out.size(); ++i) out[i] = load_as_double(p, dtype(), i);
@@ -40,6 +41,7 @@ std::vector<double> Tensor::to_doubles() const {
 
 template <typename T> std::vector<T> Tensor::to_vector() const {
   constexpr DType want = dtype_of<T>();
+  if (!device().is_cpu()) return to(Device::cpu()).template to_vector<T>();
   if (dtype() != want) return kiln::cast(*this, want).template to_vector<T>();
   const T* p = static_cast<const T*>(data());
   return std::vector<T>(p, p + numel());
@@ -54,6 +56,7 @@ template std::vector<bool> Tensor::to_vector<bool>() const;
 
 double Tensor::item() const {
   KILN_CHECK(numel() == 1, "item", "tensor {} has {} elements; item() needs exactly one", shape_str(shape()), numel());
+  if (!device().is_cpu()) return to(Device::cpu()).item();
   return load_as_double(data(), dtype(), 0);
 }
 
@@ -125,6 +128,22 @@ Tensor Tensor::slice(int64_t axis, int64_t start, int64_t stop, int64_t step) co
   return kiln::slice(*this, axis, start, stop, step);
 }
 Tensor Tensor::cast(DType t) const { return kiln::cast(*this, t); }
+Tensor Tensor::to(Device device) const { return kiln::to_device(*this, device); }
+
+Tensor& Tensor::to_(Device device) {
+  if (device == this->device()) return *this;
+  Tensor moved = kiln::to_device(*this, device);
+  Tensor g = grad();
+  auto node = std::make_shared<Node>(*moved.node());
+  node->id = Node::next_id();
+  node->held = 0;
+  node->requires_grad = var_->requires_grad;
+  node->grad_leaf = var_->requires_grad;
+  node->var = var_;
+  var_->set(node);
+  if (g.defined()) set_grad(kiln::to_device(g, device));
+  return *this;
+}
 Tensor Tensor::sum(std::vector<int64_t> axes, bool keepdim) const { return kiln::sum(*this, std::move(axes), keepdim); }
 Tensor Tensor::mean(std::vector<int64_t> axes, bool keepdim) const { return kiln::mean(*this, std::move(axes), keepdim); }
 Tensor Tensor::max(std::vector<int64_t> axes, bool keepdim) const { return kiln::max(*this, std::move(axes), keepdim); }

@@ -37,7 +37,15 @@ class Tensor {
   double item() const;  // the single element, realized, as double
   template <typename T> std::vector<T> to_vector() const;
   std::vector<double> to_doubles() const;
-  const void* data() const;  // realizes; pointer valid while this tensor lives and is not assigned
+  // Realizes; pointer valid while this tensor lives and is not assigned. A device pointer for a
+  // CUDA tensor (item, to_vector and to_doubles copy through the host instead).
+  const void* data() const;
+  // A copy on `device` (this tensor when it is there already). Throws kiln::Error when the
+  // device is not available. Gradients do not cross devices yet: a leaf that requires grad gives
+  // a new leaf that requires grad; a tensor with gradient history must be detached first.
+  Tensor to(Device device) const;
+  // Moves this variable (every handle sharing it, and its grad) to `device`: Module::to.
+  Tensor& to_(Device device);
 
   // Autograd.
   bool requires_grad() const;

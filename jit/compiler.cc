@@ -127,7 +127,7 @@ void write_file(const fs::path& path, const std::string& text) {
 
 // Writes under a temporary name and renames, so readers never see a partial file.
 void write_file_atomically(const fs::path& path, const std::string& text, const std::string& key) {
-  const fs::path temporary = path.parent_path() / temporary_name(key, ".tmp.cc");
+  const fs::path temporary = path.parent_path() / temporary_name(key, (".tmp" + path.extension().string()).c_str());
   write_file(temporary, text);
   std::error_code error;
   fs::rename(temporary, path, error);
@@ -335,6 +335,11 @@ std::string cache_directory() {
   KILN_CHECK(ensure_directory(fallback), "jit", "cannot create the kernel cache directory {}; set KILN_CACHE_DIR",
              fallback.string());
   return fallback.string();
+}
+
+void write_file_atomically(const std::string& path, const std::string& contents) {
+  const fs::path target(path);
+  write_file_atomically(target, contents, target.stem().string());
 }
 
 std::string hash_hex(std::string_view text) {

@@ -63,6 +63,10 @@ void clear_memory_cache();
 // flags().cache_dir, else $HOME/.cache/kiln, else /tmp/kiln-cache; created if missing. Absolute.
 std::string cache_directory();
 
+// Writes `contents` to `path` under a unique temporary name in the same directory and renames it
+// into place, so a concurrent reader sees no file or a whole one. Throws kiln::Error on failure.
+void write_file_atomically(const std::string& path, const std::string& contents);
+
 // 64-bit FNV-1a of `text` as 16 lower-case hex digits.
 std::string hash_hex(std::string_view text);
 

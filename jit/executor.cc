@@ -357,6 +357,10 @@ void realize(const std::vector<NodePtr>& targets) {
   std::lock_guard<std::mutex> lock(g_mutex);
   PendingGraph graph = collect_pending(targets);
   if (graph.nodes.empty()) return;
+  for (const NodePtr& n : graph.nodes)
+    KILN_CHECK(n->device.is_cpu(), op_name(n->op), "{} on {}: running ops on CUDA tensors is not built yet (kernels "
+               "render and compile for CUDA; launching them comes next); copy to the cpu with .to(Device::cpu())",
+               shape_str(n->shape), n->device.str());
   if (!flags().memory_budget.empty()) fit_memory_budget(targets, graph);
   Plan* plan = nullptr;
   std::unique_ptr<Plan> uncached;
@@ -381,6 +385,11 @@ void realize(const std::vector<NodePtr>& targets) {
   memory::note_plan_run(plan->info);
   run_plan(*plan, graph);
   if (uncached && flags().plan_cache) g_plans.emplace(graph.key, std::move(uncached));
+}
+
+Schedule schedule_for(const std::vector<NodePtr>& targets) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return schedule(collect_pending(targets));
 }
 
 memory::PlanLayout last_plan_memory() {

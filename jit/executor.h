@@ -6,11 +6,16 @@
 #include <vector>
 
 #include "core/node.h"
+#include "jit/schedule.h"
 #include "memory/profile.h"
 
 namespace kiln::jit {
 
 void realize(const std::vector<NodePtr>& targets);
+
+// The kernels a realize of `targets` would run (before any KILN_MEMORY_BUDGET rewrite), scheduled
+// but neither compiled nor run: nothing is realized. For renderers' tests and tools.
+Schedule schedule_for(const std::vector<NodePtr>& targets);
 
 // The memory layout of the plan the most recent realize call ran.
 memory::PlanLayout last_plan_memory();

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "jit/cpu_prelude.h"
+#include "jit/render_common.h"
 
 namespace kiln::jit {
 
@@ -12,50 +13,8 @@ namespace {
 // Work below this many elements is not worth waking the OpenMP team for.
 constexpr int64_t kParallelThreshold = 32768;
 
-const char* storage_type(DType t) {
-  switch (t) {
-    case DType::Bool: return "bool";
-    case DType::UInt8: return "uint8_t";
-    case DType::Int8: return "int8_t";
-    case DType::Int32: return "int32_t";
-    case DType::Int64: return "int64_t";
-    case DType::Float16: return "kiln_half";
-    case DType::BFloat16: return "kiln_bf16";
-    case DType::Float32: return "float";
-    case DType::Float64: return "double";
-  }
-  return "?";
-}
-
-// The type values of a dtype are computed in: half types compute in float.
-const char* compute_type(DType t) {
-  if (t == DType::Float16 || t == DType::BFloat16) return "float";
-  return storage_type(t);
-}
-
-std::string load_value(DType t, const std::string& ref) {
-  if (t == DType::Float16) return fmt::format("kiln_h2f({})", ref);
-  if (t == DType::BFloat16) return fmt::format("kiln_bf2f({})", ref);
-  return ref;
-}
-
-std::string store_value(DType t, const std::string& v) {
-  if (t == DType::Float16) return fmt::format("kiln_f2h({})", v);
-  if (t == DType::BFloat16) return fmt::format("kiln_f2bf({})", v);
-  return fmt::format("({})({})", storage_type(t), v);
-}
-
-// Per-op expression patterns; {0} {1} {2} are operands. Ops rendered by kind (leaves, cast,
-// views, reductions, indexing, library calls) have no pattern.
-struct Pattern {
-  Op op;
-  const char* f32;  // float (and integer) operands
-  const char* f64;  // double operands; nullptr: same as f32
-};
-constexpr Pattern kPatterns[] = {
-    {Op::Input, nullptr, nullptr}, {Op::Full, nullptr, nullptr}, {Op::Iota, nullptr, nullptr},
-    {Op::RandUniform, nullptr, nullptr}, {Op::RandNormal, nullptr, nullptr},
-    {Op::Neg, "(-{0})", nullptr},
+// The host compiler's math: the prelude's vectorizable float functions, GCC builtins for double.
+constexpr OpPatterns kCppPatterns = with_math(kSharedPatterns, {
     {Op::Exp, "kiln_expf({0})", "__builtin_exp({0})"},
     {Op::Log, "kiln_logf({0})", "__builtin_log({0})"},
     {Op::Sqrt, "__builtin_sqrtf({0})", "__builtin_sqrt({0})"},
@@ -64,37 +23,10 @@ constexpr Pattern kPatterns[] = {
     {Op::Cos, "__builtin_cosf({0})", "__builtin_cos({0})"},
     {Op::Tanh, "kiln_tanhf({0})", "__builtin_tanh({0})"},
     {Op::Erf, "kiln_erff({0})", "__builtin_erf({0})"},
-    {Op::Abs, "({0} < 0 ? -{0} : {0})", nullptr},
-    {Op::Reciprocal, "(1.0f / {0})", "(1.0 / {0})"},
-    {Op::Sign, "(({0} > 0) - ({0} < 0))", nullptr},
     {Op::Floor, "__builtin_floorf({0})", "__builtin_floor({0})"},
-    {Op::Not, "(!{0})", nullptr},
-    {Op::Cast, nullptr, nullptr},
-    {Op::Add, "({0} + {1})", nullptr}, {Op::Sub, "({0} - {1})", nullptr}, {Op::Mul, "({0} * {1})", nullptr},
-    {Op::Div, "({0} / {1})", nullptr}, {Op::Pow, "__builtin_powf({0}, {1})", "__builtin_pow({0}, {1})"},
-    {Op::Max, "KILN_MAX({0}, {1})", nullptr}, {Op::Min, "KILN_MIN({0}, {1})", nullptr},
-    {Op::Lt, "({0} < {1})", nullptr}, {Op::Le, "({0} <= {1})", nullptr}, {Op::Gt, "({0} > {1})", nullptr},
-    {Op::Ge, "({0} >= {1})", nullptr}, {Op::Eq, "({0} == {1})", nullptr}, {Op::Ne, "({0} != {1})", nullptr},
-    {Op::And, "({0} && {1})", nullptr}, {Op::Or, "({0} || {1})", nullptr},
-    {Op::Where, "({0} ? {1} : {2})", nullptr},
-    {Op::Reshape, nullptr, nullptr}, {Op::Permute, nullptr, nullptr}, {Op::Expand, nullptr, nullptr},
-    {Op::Slice, nullptr, nullptr}, {Op::Pad, nullptr, nullptr},
-    {Op::ReduceSum, nullptr, nullptr}, {Op::ReduceMax, nullptr, nullptr},
-    {Op::Gather, nullptr, nullptr}, {Op::ScatterAdd, nullptr, nullptr},
-    {Op::Matmul, nullptr, nullptr}, {Op::Conv2d, nullptr, nullptr}, {Op::Conv2dBackwardData, nullptr, nullptr},
-    {Op::Conv2dBackwardWeight, nullptr, nullptr},
-};
-
-constexpr bool covers_every_op() {
-  if (std::size(kPatterns) != static_cast<size_t>(kNumOps)) return false;
-  for (size_t i = 0; i < std::size(kPatterns); ++i) {
-    if (static_cast<size_t>(kPatterns[i].op) != i) return false;
-    // Every elementwise op except Cast (rendered by kind) needs a pattern.
-    if (is_elementwise(kPatterns[i].op) && kPatterns[i].op != Op::Cast && kPatterns[i].f32 == nullptr) return false;
-  }
-  return true;
-}
-static_assert(covers_every_op(), "every primitive in core/op.h needs a renderer entry here, in enum order");
+    {Op::Pow, "__builtin_powf({0}, {1})", "__builtin_pow({0}, {1})"},
+});
+static_assert(covers_every_op(kCppPatterns), "every primitive in core/op.h needs a renderer entry, in enum order");
 
 class CppKernelRenderer {
  public:
@@ -102,84 +34,16 @@ class CppKernelRenderer {
   std::string render();
 
  private:
-  std::string buf(int b) const { return fmt::format("b{}", k_.buffers[b].slot); }
-  std::string idx(const IndexExpr& e) const { return k_.ctx.render(e); }
-  std::string expr_text(int id, const Expr& e) const;
-  std::string guard_text(const std::vector<Guard>& guards) const;
-  void emit_values(std::string& out, const std::string& indent) const;
-  std::string v(int id) const { return fmt::format("v{}", id); }
+  std::string buf(int b) const { return values_.buf(b); }
+  std::string idx(const IndexExpr& e) const { return values_.idx(e); }
+  void emit_values(std::string& out, const std::string& indent) const { values_.emit_values(out, indent); }
+  std::string v(int id) const { return values_.v(id); }
   void render_column_reduce(std::string& out, const char* acc_t, const std::string& init, bool is_sum,
                             bool parallel) const;
 
   const Kernel& k_;
+  ValueRenderer values_{k_, kCppPatterns};
 };
-
-// True where every guard holds.
-std::string CppKernelRenderer::guard_text(const std::vector<Guard>& guards) const {
-  std::string cond;
-  for (const Guard& g : guards) {
-    std::string x = idx(g.expr);
-    cond += fmt::format("{}({}) >= {} && ({}) < {}", cond.empty() ? "" : " && ", x, g.lo, x, g.hi);
-  }
-  return cond;
-}
-
-std::string CppKernelRenderer::expr_text(int id, const Expr& e) const {
-  const char* ct = compute_type(e.dtype);
-  bool f64 = e.dtype == DType::Float64;
-  switch (e.kind) {
-    case Expr::Kind::Load: {
-      DType t = k_.buffers[e.buffer].dtype;
-      if (e.guards.empty()) return load_value(t, fmt::format("{}[{}]", buf(e.buffer), idx(e.index)));
-      return load_value(t, fmt::format("{}[({}) ? {} : 0]", buf(e.buffer), guard_text(e.guards), idx(e.index)));
-    }
-    case Expr::Kind::Scalar: return fmt::format("s{}", e.slot);
-    case Expr::Kind::Iota: return fmt::format("({})({})", ct, idx(e.index));
-    case Expr::Kind::Rand: {
-      const char* fn = e.op == Op::RandUniform ? (f64 ? "kiln_uniform_d" : "kiln_uniform_f")
-                                               : (f64 ? "kiln_normal_d" : "kiln_normal_f");
-      std::string r = fmt::format("{}((uint64_t)isc[{}], (uint64_t)isc[{}], {})", fn, e.slot, e.slot + 1, idx(e.index));
-      if (e.dtype == DType::Float16) return fmt::format("kiln_round_h({})", r);
-      if (e.dtype == DType::BFloat16) return fmt::format("kiln_round_bf({})", r);
-      return r;
-    }
-    case Expr::Kind::Select: return fmt::format("(({}) ? {} : ({})0)", guard_text(e.guards), v(e.args[0]), ct);
-    case Expr::Kind::GatherLoad: {
-      DType t = k_.buffers[e.buffer].dtype;
-      return load_value(t, fmt::format("{}[{} + {}LL * kiln_check_index((int64_t){}, {}LL, err)]", buf(e.buffer),
-                                       idx(e.index), e.stride, v(e.args[0]), e.extent));
-    }
-    case Expr::Kind::Compute: {
-      if (e.op == Op::Cast) {
-        std::string a = v(e.args[0]);
-        if (e.dtype == DType::Bool) return fmt::format("({} != 0)", a);
-        if (e.dtype == DType::Float16) return fmt::format("kiln_round_h((float)({}))", a);
-        if (e.dtype == DType::BFloat16) return fmt::format("kiln_round_bf((float)({}))", a);
-        return fmt::format("({})({})", ct, a);
-      }
-      // Comparisons are typed by their operands, not their bool result.
-      DType operand = k_.exprs[e.args[0]].dtype;
-      if (e.op == Op::Where) operand = k_.exprs[e.args[1]].dtype;
-      const Pattern& p = kPatterns[static_cast<int>(e.op)];
-      KILN_CHECK(p.f32 != nullptr, "jit", "op {} has no C++ rendering", op_name(e.op));
-      const char* pat = operand == DType::Float64 && p.f64 ? p.f64 : p.f32;
-      std::string a0 = v(e.args[0]);
-      std::string a1 = e.args.size() > 1 ? v(e.args[1]) : "";
-      std::string a2 = e.args.size() > 2 ? v(e.args[2]) : "";
-      return fmt::format("({})({})", ct, fmt::format(fmt::runtime(pat), a0, a1, a2));
-    }
-  }
-  (void)id;
-  return "";
-}
-
-void CppKernelRenderer::emit_values(std::string& out, const std::string& indent) const {
-  for (size_t i = 0; i < k_.exprs.size(); ++i) {
-    const Expr& e = k_.exprs[i];
-    out += fmt::format("{}const {} {} = {};\n", indent, compute_type(e.dtype), v(static_cast<int>(i)),
-                       expr_text(static_cast<int>(i), e));
-  }
-}
 
 // Loops: chunks of the output's last axis (parallel) x reduce axes x the chunk (vectorized),
 // with an accumulator array per chunk, so every load in the inner loop is contiguous.
@@ -262,12 +126,7 @@ std::string CppKernelRenderer::render() {
     bool is_sum = k_.reduce_op == Op::ReduceSum;
     DType acc_dtype = out_t;
     const char* acc_t = compute_type(acc_dtype);
-    std::string init = is_sum ? "0" : (is_floating(acc_dtype) ? "-__builtin_inff()" : fmt::format("({})(-9223372036854775807LL - 1)", acc_t));
-    if (!is_floating(acc_dtype) && !is_sum) {
-      // INT<bits>_MIN comes from the prelude's <stdint.h> (GCC predefines no __INT<bits>_MIN__).
-      init = acc_dtype == DType::Bool ? "false" : fmt::format("INT{}_MIN", dtype_size(acc_dtype) * 8);
-      if (acc_dtype == DType::UInt8) init = "0";
-    }
+    std::string init = reduce_init(acc_dtype, is_sum, "__builtin_inff()");
     std::string combine = is_sum ? fmt::format("acc += {};", result) : fmt::format("acc = KILN_MAX({}, acc);", result);
     // OpenMP's built-in max drops NaN when it combines partial results (and GCC's simd version
     // can lose every element): floats use the prelude's NaN-propagating kiln_max reduction.

@@ -4,9 +4,11 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "core/flags.h"
+#include "memory/cuda_runtime.h"
 #include "memory/pool.h"
 
 namespace kiln::memory {
@@ -76,9 +78,33 @@ HostAllocator& host_allocator() {
   return *host;
 }
 
+namespace {
+
+// Device memory of one GPU through the CUDA runtime. KILN_MEMORY_LIMIT is a host limit; a GPU's
+// limit is its memory.
+class CudaAllocator final : public Allocator {
+ public:
+  explicit CudaAllocator(int index) : index_(index) {}
+  void* allocate(size_t bytes) override { return cuda::device_malloc(index_, bytes); }
+  void release(void* p, size_t) override { cuda::device_free(index_, p); }
+  const char* name() const override { return "cuda"; }
+
+ private:
+  int index_;
+};
+
+}  // namespace
+
 Allocator& device_allocator(Device device) {
-  KILN_CHECK(device.is_cpu(), "allocate", "device {} is not available in this build", device.str());
-  return host_allocator();
+  if (device.is_cpu()) return host_allocator();
+  cuda::check_device(device, "allocate");
+  // One per device, never destroyed (as the host allocator).
+  static std::vector<CudaAllocator*>* per_device = [] {
+    auto* v = new std::vector<CudaAllocator*>;
+    for (int i = 0; i < cuda::device_count(); ++i) v->push_back(new CudaAllocator(i));
+    return v;
+  }();
+  return *(*per_device)[static_cast<size_t>(device.index)];
 }
 
 std::shared_ptr<Storage> allocate_storage(size_t bytes, Device device) {

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include "memory/cuda_runtime.h"
+
 namespace kiln::nn {
 
 struct Module::State {
@@ -135,10 +137,8 @@ void Module::train(bool on) {
 bool Module::is_training() const { return state_->training; }
 
 void Module::to(Device device) {
-  KILN_CHECK(device.is_cpu(), "Module::to", "device {} is not supported yet; modules live on the cpu",
-             device.str());
-  for (const auto& [_, t] : state())
-    KILN_CHECK(t.device() == device, "Module::to", "moving tensors between devices is not supported yet");
+  cuda::check_device(device, "Module::to");  // before anything moves
+  for (auto& [_, t] : state()) Tensor(t).to_(device);
 }
 
 void Module::zero_grad() {

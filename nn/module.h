@@ -66,7 +66,8 @@ class Module {
   void eval() { train(false); }
   bool is_training() const;
 
-  // Moves parameters and buffers to `device`. Only the CPU exists today.
+  // Moves parameters and buffers (and their grads) to `device`; kiln::Error when it is a CUDA
+  // device this process cannot use.
   void to(Device device);
   void zero_grad();  // clears grad() of every parameter
 

@@ -5,6 +5,7 @@
 #include "core/autograd.h"
 #include "core/flags.h"
 #include "memory/allocator.h"
+#include "memory/cuda_runtime.h"
 #include "ops/ops.h"
 #include "ops/primitive.h"
 
@@ -73,7 +74,8 @@ Tensor realized_from_bytes(const void* bytes, DType dtype, Shape shape) {
   node->device = Device::cpu();
   node->storage = memory::allocate_storage(node->nbytes(), node->device);
   if (node->nbytes() > 0) std::memcpy(node->storage->data, bytes, node->nbytes());
-  return Tensor(std::move(node));
+  Tensor t(std::move(node));
+  return flags().use_cuda ? to_device(t, Device::cuda(0)) : t;
 }
 }  // namespace
 
@@ -95,6 +97,34 @@ template Tensor from_vector<int64_t>(const std::vector<int64_t>&, Shape);
 template Tensor from_vector<uint8_t>(const std::vector<uint8_t>&, Shape);
 template Tensor from_vector<int8_t>(const std::vector<int8_t>&, Shape);
 template Tensor from_vector<bool>(const std::vector<bool>&, Shape);
+
+Tensor to_device(const Tensor& t, Device device) {
+  if (t.device() == device) return t;
+  cuda::check_device(device, "to");
+  KILN_CHECK(!t.requires_grad() || t.node()->grad_leaf, "to",
+             "{} has gradient history, which cannot cross devices yet; detach() it, or move the leaves "
+             "(parameters) before building the graph", t.str());
+  const Tensor src = Tensor(t).realize();
+  auto node = std::make_shared<Node>();
+  node->op = Op::Input;
+  node->dtype = src.dtype();
+  node->shape = src.shape();
+  node->device = device;
+  node->storage = memory::allocate_storage(node->nbytes(), device);
+  const size_t bytes = node->nbytes();
+  if (bytes > 0) {
+    if (device.is_cuda() && src.device().is_cpu()) {
+      cuda::copy_to_device(device.index, node->storage->data, src.data(), bytes);
+    } else if (device.is_cpu()) {
+      cuda::copy_to_host(src.device().index, node->storage->data, src.data(), bytes);
+    } else {  // between two GPUs, through the host
+      return to_device(to_device(src, Device::cpu()), device);
+    }
+  }
+  Tensor out(std::move(node));
+  if (t.requires_grad()) out.requires_grad_(true);
+  return out;
+}
 
 Tensor from_doubles(const std::vector<double>& values, Shape shape, DType dtype) {
   check_shape(shape, "from_doubles");

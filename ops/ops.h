@@ -29,6 +29,8 @@ Tensor randn(Shape shape, DType dtype = DType::Float32);  // standard normal
 void manual_seed(uint64_t seed);
 // Copies host data into a new realized tensor.
 template <typename T> Tensor from_vector(const std::vector<T>& values, Shape shape);
+// A realized copy of t on `device` (t itself when it is there); see Tensor::to.
+Tensor to_device(const Tensor& t, Device device);
 Tensor from_doubles(const std::vector<double>& values, Shape shape, DType dtype);
 
 // ---- elementwise ----

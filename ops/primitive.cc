@@ -4,6 +4,7 @@
 
 #include "core/autograd.h"
 #include "core/flags.h"
+#include "memory/cuda_runtime.h"
 
 namespace kiln::prim {
 
@@ -22,6 +23,10 @@ Tensor record(Op op, DType dtype, Shape shape, std::vector<Tensor> inputs, std::
   node->dtype = dtype;
   node->shape = std::move(shape);
   node->ints = std::move(ints);
+  if (inputs.empty() && flags().use_cuda) {  // KILN_USE_CUDA: new tensors start on the first GPU
+    cuda::check_device(Device::cuda(0), op_name(op));
+    node->device = Device::cuda(0);
+  }
   bool needs_grad = false;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const NodePtr& in = inputs[i].node();

@@ -1,0 +1,167 @@
+// Source text placed at the top of every generated CUDA translation unit (compiled by NVRTC, which
+// has no standard headers): fixed-width integer types, the helpers jit/cpu_prelude.h defines under
+// the same names (element conversions, KILN_MAX/MIN, the index check, the Philox generator), and
+// what only CUDA needs (warp shuffles of any accumulator type, atomic adds of any element type).
+// The Philox generator and its uniform/normal transforms are ports of the CPU prelude's, so a
+// random tensor holds the same numbers on both backends.
+#pragma once
+
+namespace kiln::jit {
+
+inline constexpr const char* kCudaPrelude = R"KILN(
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+#define INT8_MIN (-128)
+#define INT32_MIN (-2147483647 - 1)
+#define INT64_MIN (-9223372036854775807LL - 1)
+#define KILN_INF __int_as_float(0x7f800000)
+typedef __half kiln_half;
+typedef __nv_bfloat16 kiln_bf16;
+static __device__ __forceinline__ float kiln_h2f(kiln_half h) { return __half2float(h); }
+static __device__ __forceinline__ kiln_half kiln_f2h(float x) { return __float2half_rn(x); }
+static __device__ __forceinline__ float kiln_bf2f(kiln_bf16 b) { return __bfloat162float(b); }
+static __device__ __forceinline__ kiln_bf16 kiln_f2bf(float x) { return __float2bfloat16_rn(x); }
+static __device__ __forceinline__ float kiln_round_h(float x) { return kiln_h2f(kiln_f2h(x)); }
+static __device__ __forceinline__ float kiln_round_bf(float x) { return kiln_bf2f(kiln_f2bf(x)); }
+#define KILN_MAX(a, b) (((a) != (a) || (a) > (b)) ? (a) : (b))
+#define KILN_MIN(a, b) (((a) != (a) || (a) < (b)) ? (a) : (b))
+
+// An index out of [0, extent) is recorded in err[0..1] (value, flag) and read as 0.
+static __device__ __forceinline__ int64_t kiln_check_index(int64_t j, int64_t extent, int64_t* err) {
+  if (j < 0 || j >= extent) {
+    atomicExch((unsigned long long*)err, (unsigned long long)(j == INT64_MIN ? -1 : j));
+    atomicExch((unsigned long long*)(err + 1), 1ull);
+    return 0;
+  }
+  return j;
+}
+
+// Warp shuffles of every accumulator type (sub-word integers and bool travel as int).
+template <class T> static __device__ __forceinline__ T kiln_shfl_down(T v, int delta) {
+  return __shfl_down_sync(0xffffffffu, v, delta);
+}
+template <> __device__ __forceinline__ bool kiln_shfl_down(bool v, int delta) {
+  return __shfl_down_sync(0xffffffffu, (int)v, delta) != 0;
+}
+template <> __device__ __forceinline__ int8_t kiln_shfl_down(int8_t v, int delta) {
+  return (int8_t)__shfl_down_sync(0xffffffffu, (int)v, delta);
+}
+template <> __device__ __forceinline__ uint8_t kiln_shfl_down(uint8_t v, int delta) {
+  return (uint8_t)__shfl_down_sync(0xffffffffu, (int)v, delta);
+}
+
+// *p += v for scatter_add: hardware atomics where they exist, else a compare-and-swap on the
+// aligned 32-bit word holding the byte.
+static __device__ __forceinline__ void kiln_atomic_add(float* p, float v) { atomicAdd(p, v); }
+static __device__ __forceinline__ void kiln_atomic_add(double* p, double v) { atomicAdd(p, v); }
+static __device__ __forceinline__ void kiln_atomic_add(kiln_half* p, float v) { atomicAdd(p, kiln_f2h(v)); }
+static __device__ __forceinline__ void kiln_atomic_add(kiln_bf16* p, float v) { atomicAdd(p, kiln_f2bf(v)); }
+static __device__ __forceinline__ void kiln_atomic_add(int32_t* p, int32_t v) { atomicAdd(p, v); }
+static __device__ __forceinline__ void kiln_atomic_add(int64_t* p, int64_t v) {
+  atomicAdd((unsigned long long*)p, (unsigned long long)v);
+}
+static __device__ __forceinline__ void kiln_atomic_add_byte(void* p, int v, bool is_bool) {
+  unsigned int* word = (unsigned int*)((uint64_t)p & ~(uint64_t)3);
+  const unsigned int shift = ((unsigned int)((uint64_t)p & 3)) * 8;
+  unsigned int old = *word, assumed;
+  do {
+    assumed = old;
+    unsigned int byte = ((assumed >> shift) & 0xffu) + (unsigned int)v;
+    if (is_bool) byte = (byte & 0xffu) != 0;
+    old = atomicCAS(word, assumed, (assumed & ~(0xffu << shift)) | ((byte & 0xffu) << shift));
+  } while (old != assumed);
+}
+static __device__ __forceinline__ void kiln_atomic_add(int8_t* p, int8_t v) { kiln_atomic_add_byte(p, v, false); }
+static __device__ __forceinline__ void kiln_atomic_add(uint8_t* p, uint8_t v) { kiln_atomic_add_byte(p, v, false); }
+static __device__ __forceinline__ void kiln_atomic_add(bool* p, bool v) { kiln_atomic_add_byte(p, v, true); }
+
+// log for the normal transform, exactly as jit/cpu_prelude.h computes it (the build turns off
+// multiply-add contraction, as the host build does, so the float operations round alike).
+static __device__ __forceinline__ float kiln_logf(float x) {
+  int32_t subnormal = (__float_as_uint(x) & 0x7f800000u) == 0;
+  uint32_t u = __float_as_uint(subnormal ? x * 8388608.0f : x);
+  int32_t e = (int32_t)((u >> 23) & 0xff) - 127 - (subnormal ? 23 : 0);
+  float m = __uint_as_float((u & 0x007fffffu) | 0x3f800000u);
+  if (m > 1.41421356f) { m *= 0.5f; e += 1; }
+  float s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
+  float p = 2.0f * s * (1.0f + s2 * (0.333333333f + s2 * (0.2f + s2 * (0.142857143f + s2 * 0.111111111f))));
+  float y = p + (float)e * 0.693147181f;
+  y = x == 0.0f ? -KILN_INF : y;
+  y = x < 0.0f ? __int_as_float(0x7fc00000) : y;
+  y = x == KILN_INF ? x : y;
+  return x != x ? x : y;
+}
+// Philox4x32-10 (Salmon et al. 2011): key = seed, counter = element number.
+static __device__ __forceinline__ void kiln_philox(uint64_t seed, uint64_t counter, uint32_t out[4]) {
+  uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+    c1 = (uint32_t)p1; c3 = (uint32_t)p0; c0 = n0; c2 = n2;
+    k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+  }
+  out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+static __device__ __forceinline__ float kiln_uniform_f(uint64_t seed, uint64_t offset, int64_t i) {
+  uint32_t r[4]; kiln_philox(seed, offset + (uint64_t)i, r);
+  return (float)(r[0] >> 8) * 5.9604644775390625e-08f;
+}
+static __device__ __forceinline__ double kiln_uniform_d(uint64_t seed, uint64_t offset, int64_t i) {
+  uint32_t r[4]; kiln_philox(seed, offset + (uint64_t)i, r);
+  uint64_t bits = ((uint64_t)r[0] << 21) ^ (uint64_t)r[1];
+  return (double)(bits & ((1ull << 53) - 1)) * 1.1102230246251565e-16;
+}
+static __device__ __forceinline__ float kiln_cos2pi(float u) {
+  float t = u < 0.5f ? u : 1.0f - u;
+  float sign = t < 0.25f ? 1.0f : -1.0f;
+  t = t < 0.25f ? t : 0.5f - t;
+  float x = 6.28318531f * t, z = x * x;
+  float c = 1.0f + z * (-0.5f + z * (4.16666667e-2f + z * (-1.38888889e-3f + z * (2.48015873e-5f +
+            z * (-2.75573192e-7f + z * 2.08767570e-9f)))));
+  return sign * c;
+}
+static __device__ __forceinline__ float kiln_normal_f(uint64_t seed, uint64_t offset, int64_t i) {
+  uint32_t r[4]; kiln_philox(seed, offset + (uint64_t)i, r);
+  float u1 = ((float)(r[0] >> 8) + 1.0f) * 5.9604644775390625e-08f;
+  float u2 = (float)(r[1] >> 8) * 5.9604644775390625e-08f;
+  return sqrtf(-2.0f * kiln_logf(u1)) * kiln_cos2pi(u2);
+}
+static __device__ __forceinline__ double kiln_normal_d(uint64_t seed, uint64_t offset, int64_t i) {
+  uint32_t r[4]; kiln_philox(seed, offset + (uint64_t)i, r);
+  double u1 = ((double)(((uint64_t)r[0] << 21) ^ r[1]) + 1.0) * 1.1102230246251565e-16;
+  double u2 = (double)(((uint64_t)r[2] << 21) ^ r[3]) * 1.1102230246251565e-16;
+  u1 = u1 > 1.0 ? 1.0 : u1;
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+// Block-wide fold of one value per thread (blockDim.x a multiple of 32, at most 1024); the result
+// is valid in thread 0. `scratch` holds 32 values. Sum or NaN-propagating max.
+template <bool kSum, class T> static __device__ __forceinline__ T kiln_warp_fold(T acc) {
+  for (int delta = 16; delta > 0; delta >>= 1) {
+    T other = kiln_shfl_down(acc, delta);
+    acc = kSum ? (T)(acc + other) : KILN_MAX(other, acc);
+  }
+  return acc;
+}
+template <bool kSum, class T> static __device__ __forceinline__ T kiln_block_fold(T acc, T* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  acc = kiln_warp_fold<kSum>(acc);
+  __syncthreads();  // scratch may still be read by the previous fold
+  if (lane == 0) scratch[warp] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    acc = scratch[0];
+    for (int w = 1; w < warps; ++w) acc = kSum ? (T)(acc + scratch[w]) : KILN_MAX(scratch[w], acc);
+  }
+  return acc;
+}
+)KILN";
+
+}  // namespace kiln::jit

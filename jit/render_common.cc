@@ -1,0 +1,118 @@
+#include "jit/render_common.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace kiln::jit {
+
+const char* storage_type(DType t) {
+  switch (t) {
+    case DType::Bool: return "bool";
+    case DType::UInt8: return "uint8_t";
+    case DType::Int8: return "int8_t";
+    case DType::Int32: return "int32_t";
+    case DType::Int64: return "int64_t";
+    case DType::Float16: return "kiln_half";
+    case DType::BFloat16: return "kiln_bf16";
+    case DType::Float32: return "float";
+    case DType::Float64: return "double";
+  }
+  return "?";
+}
+
+const char* compute_type(DType t) {
+  if (t == DType::Float16 || t == DType::BFloat16) return "float";
+  return storage_type(t);
+}
+
+std::string load_value(DType t, const std::string& ref) {
+  if (t == DType::Float16) return fmt::format("kiln_h2f({})", ref);
+  if (t == DType::BFloat16) return fmt::format("kiln_bf2f({})", ref);
+  return ref;
+}
+
+std::string store_value(DType t, const std::string& v) {
+  if (t == DType::Float16) return fmt::format("kiln_f2h({})", v);
+  if (t == DType::BFloat16) return fmt::format("kiln_f2bf({})", v);
+  return fmt::format("({})({})", storage_type(t), v);
+}
+
+std::string reduce_init(DType acc, bool is_sum, const char* infinity) {
+  if (is_sum) return "0";
+  if (is_floating(acc)) return fmt::format("-{}", infinity);
+  // INT<bits>_MIN comes from each prelude (GCC predefines no __INT<bits>_MIN__).
+  if (acc == DType::Bool) return "false";
+  if (acc == DType::UInt8) return "0";
+  return fmt::format("INT{}_MIN", dtype_size(acc) * 8);
+}
+
+std::string ValueRenderer::buf(int b) const { return fmt::format("b{}", k_.buffers[b].slot); }
+
+std::string ValueRenderer::v(int id) const { return fmt::format("v{}", id); }
+
+std::string ValueRenderer::guard_text(const std::vector<Guard>& guards) const {
+  std::string cond;
+  for (const Guard& g : guards) {
+    std::string x = idx(g.expr);
+    cond += fmt::format("{}({}) >= {} && ({}) < {}", cond.empty() ? "" : " && ", x, g.lo, x, g.hi);
+  }
+  return cond;
+}
+
+std::string ValueRenderer::expr_text(const Expr& e) const {
+  const char* ct = compute_type(e.dtype);
+  bool f64 = e.dtype == DType::Float64;
+  switch (e.kind) {
+    case Expr::Kind::Load: {
+      DType t = k_.buffers[e.buffer].dtype;
+      if (e.guards.empty()) return load_value(t, fmt::format("{}[{}]", buf(e.buffer), idx(e.index)));
+      return load_value(t, fmt::format("{}[({}) ? {} : 0]", buf(e.buffer), guard_text(e.guards), idx(e.index)));
+    }
+    case Expr::Kind::Scalar: return fmt::format("s{}", e.slot);
+    case Expr::Kind::Iota: return fmt::format("({})({})", ct, idx(e.index));
+    case Expr::Kind::Rand: {
+      const char* fn = e.op == Op::RandUniform ? (f64 ? "kiln_uniform_d" : "kiln_uniform_f")
+                                               : (f64 ? "kiln_normal_d" : "kiln_normal_f");
+      std::string r = fmt::format("{}((uint64_t)isc[{}], (uint64_t)isc[{}], {})", fn, e.slot, e.slot + 1, idx(e.index));
+      if (e.dtype == DType::Float16) return fmt::format("kiln_round_h({})", r);
+      if (e.dtype == DType::BFloat16) return fmt::format("kiln_round_bf({})", r);
+      return r;
+    }
+    case Expr::Kind::Select: return fmt::format("(({}) ? {} : ({})0)", guard_text(e.guards), v(e.args[0]), ct);
+    case Expr::Kind::GatherLoad: {
+      DType t = k_.buffers[e.buffer].dtype;
+      return load_value(t, fmt::format("{}[{} + {}LL * kiln_check_index((int64_t){}, {}LL, err)]", buf(e.buffer),
+                                       idx(e.index), e.stride, v(e.args[0]), e.extent));
+    }
+    case Expr::Kind::Compute: {
+      if (e.op == Op::Cast) {
+        std::string a = v(e.args[0]);
+        if (e.dtype == DType::Bool) return fmt::format("({} != 0)", a);
+        if (e.dtype == DType::Float16) return fmt::format("kiln_round_h((float)({}))", a);
+        if (e.dtype == DType::BFloat16) return fmt::format("kiln_round_bf((float)({}))", a);
+        return fmt::format("({})({})", ct, a);
+      }
+      // Comparisons are typed by their operands, not their bool result.
+      DType operand = k_.exprs[e.args[0]].dtype;
+      if (e.op == Op::Where) operand = k_.exprs[e.args[1]].dtype;
+      const OpPattern& p = patterns_[static_cast<int>(e.op)];
+      KILN_CHECK(p.f32 != nullptr, "jit", "op {} has no rendering", op_name(e.op));
+      const char* pat = operand == DType::Float64 && p.f64 ? p.f64 : p.f32;
+      std::string a0 = v(e.args[0]);
+      std::string a1 = e.args.size() > 1 ? v(e.args[1]) : "";
+      std::string a2 = e.args.size() > 2 ? v(e.args[2]) : "";
+      return fmt::format("({})({})", ct, fmt::format(fmt::runtime(pat), a0, a1, a2));
+    }
+  }
+  return "";
+}
+
+void ValueRenderer::emit_values(std::string& out, const std::string& indent) const {
+  for (size_t i = 0; i < k_.exprs.size(); ++i) {
+    const Expr& e = k_.exprs[i];
+    out += fmt::format("{}const {} {} = {};\n", indent, compute_type(e.dtype), v(static_cast<int>(i)), expr_text(e));
+  }
+}
+
+}  // namespace kiln::jit

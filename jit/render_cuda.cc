@@ -1,0 +1,230 @@
+#include "jit/render_cuda.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "jit/cuda_prelude.h"
+#include "jit/render_common.h"
+
+namespace kiln::jit {
+
+namespace {
+
+constexpr int kThreads = 256;              // threads per block (row reductions may use fewer)
+constexpr int kColumnWarps = kThreads / 32;  // column reduce: warps sharing one tile's rows
+constexpr int64_t kMaxBlocks = 1 << 16;    // grid-stride loops cover the rest
+constexpr int64_t kThreadPerOutput = 32;   // row reductions this short fold in one thread
+
+// CUDA's math library (IEEE sqrt and division, no fast-math approximations).
+constexpr OpPatterns kCudaPatterns = with_math(kSharedPatterns, {
+    {Op::Exp, "expf({0})", "exp({0})"},
+    {Op::Log, "logf({0})", "log({0})"},
+    {Op::Sqrt, "sqrtf({0})", "sqrt({0})"},
+    {Op::Rsqrt, "(1.0f / sqrtf({0}))", "(1.0 / sqrt({0}))"},
+    {Op::Sin, "sinf({0})", "sin({0})"},
+    {Op::Cos, "cosf({0})", "cos({0})"},
+    {Op::Tanh, "tanhf({0})", "tanh({0})"},
+    {Op::Erf, "erff({0})", "erf({0})"},
+    {Op::Floor, "floorf({0})", "floor({0})"},
+    {Op::Pow, "powf({0}, {1})", "pow({0}, {1})"},
+});
+static_assert(covers_every_op(kCudaPatterns), "every primitive in core/op.h needs a CUDA renderer entry, in enum order");
+
+int64_t blocks_for(int64_t work, int64_t per_block) {
+  return std::clamp<int64_t>((work + per_block - 1) / per_block, 1, kMaxBlocks);
+}
+
+const char* kGridStride = "(int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < {0}LL; t += (int64_t)gridDim.x * blockDim.x";
+
+class CudaKernelRenderer {
+ public:
+  explicit CudaKernelRenderer(const Kernel& k) : k_(k) {}
+  // Appends the kernel's functions to `out` and returns their launches.
+  std::vector<CudaLaunch> render(std::string& out);
+
+ private:
+  std::string signature(const std::string& function) const;
+  void elementwise(std::string& out, std::vector<CudaLaunch>& launches) const;
+  void row_reduce(std::string& out, std::vector<CudaLaunch>& launches) const;
+  void column_reduce(std::string& out, std::vector<CudaLaunch>& launches) const;
+  void scatter(std::string& out, std::vector<CudaLaunch>& launches) const;
+  // `const int64_t <var> = ...;` for the reduce loops [first, last) from their flat index `rf`.
+  std::string unflatten_reduce(size_t first, size_t last, const std::string& indent) const;
+  int64_t reduce_extent(size_t first, size_t last) const;
+  std::string combine(const std::string& acc, const std::string& value) const;
+
+  const Kernel& k_;
+  ValueRenderer values_{k_, kCudaPatterns};
+};
+
+std::string CudaKernelRenderer::signature(const std::string& function) const {
+  std::string s = fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}(", kThreads, function);
+  for (size_t b = 0; b < k_.buffers.size(); ++b)
+    s += fmt::format("{}{}* {}, ", b == 0 ? "" : "const ", storage_type(k_.buffers[b].dtype), values_.buf(static_cast<int>(b)));
+  s += "const double* sc, const int64_t* isc, int64_t* err) {\n";
+  for (const Expr& e : k_.exprs)
+    if (e.kind == Expr::Kind::Scalar)
+      s += fmt::format("  const {} s{} = ({})sc[{}];\n", compute_type(e.dtype), e.slot, compute_type(e.dtype), e.slot);
+  return s;
+}
+
+std::string CudaKernelRenderer::combine(const std::string& acc, const std::string& value) const {
+  return k_.reduce_op == Op::ReduceSum ? fmt::format("{0} += {1};", acc, value)
+                                       : fmt::format("{0} = KILN_MAX({1}, {0});", acc, value);
+}
+
+int64_t CudaKernelRenderer::reduce_extent(size_t first, size_t last) const {
+  int64_t n = 1;
+  for (size_t l = first; l < last; ++l) n *= k_.loops[l].extent;
+  return n;
+}
+
+std::string CudaKernelRenderer::unflatten_reduce(size_t first, size_t last, const std::string& indent) const {
+  std::string s;
+  for (size_t l = first; l < last; ++l) {
+    const int64_t below = reduce_extent(l + 1, last);
+    std::string value = below == 1 ? "rf" : fmt::format("rf / {}LL", below);
+    if (l != first) value = fmt::format("({}) % {}LL", value, k_.loops[l].extent);
+    s += fmt::format("{}const int64_t {} = {};\n", indent, k_.loops[l].var, value);
+  }
+  return s;
+}
+
+// One thread per output element; a second loop level is unflattened from the flat index.
+void CudaKernelRenderer::elementwise(std::string& out, std::vector<CudaLaunch>& launches) const {
+  out += signature(k_.name);
+  out += fmt::format("  for (int64_t t = {}) {{\n", fmt::format(fmt::runtime(kGridStride), k_.out_numel));
+  if (k_.loops.size() == 1) {
+    out += fmt::format("    const int64_t {} = t;\n", k_.loops[0].var);
+  } else {
+    const int64_t inner = k_.loops[1].extent;
+    out += fmt::format("    const int64_t {0} = t / {2}LL, {1} = t % {2}LL;\n", k_.loops[0].var, k_.loops[1].var, inner);
+  }
+  values_.emit_values(out, "    ");
+  out += fmt::format("    {}[{}] = {};\n  }}\n}}\n", values_.buf(0), values_.idx(k_.store_index),
+                     store_value(k_.buffers[0].dtype, values_.v(k_.value)));
+  launches.push_back({k_.name, blocks_for(k_.out_numel, kThreads), kThreads});
+}
+
+// Rows: the parallel loop `o` (if any) over outputs, then the reduce loops. A block folds one
+// output at a time (grid-stride over outputs); short rows fold in one thread each instead.
+void CudaKernelRenderer::row_reduce(std::string& out, std::vector<CudaLaunch>& launches) const {
+  const DType out_t = k_.buffers[0].dtype;
+  const char* acc_t = compute_type(out_t);
+  const bool is_sum = k_.reduce_op == Op::ReduceSum;
+  const std::string init = reduce_init(out_t, is_sum, "KILN_INF");
+  const bool has_outer = !k_.loops.empty() && k_.loops[0].role == Loop::Role::Parallel;
+  const size_t first = has_outer ? 1 : 0;
+  const int64_t outer = has_outer ? k_.loops[0].extent : 1;
+  const int64_t extent = reduce_extent(first, k_.loops.size());
+  const std::string store = fmt::format("{}[{}] = {};", values_.buf(0), values_.idx(k_.store_index), store_value(out_t, "acc"));
+  out += signature(k_.name);
+  if (has_outer && extent <= kThreadPerOutput) {
+    out += fmt::format("  for (int64_t t = {}) {{\n", fmt::format(fmt::runtime(kGridStride), outer));
+    out += fmt::format("    const int64_t {} = t;\n    {} acc = {};\n", k_.loops[0].var, acc_t, init);
+    out += fmt::format("    for (int64_t rf = 0; rf < {}LL; ++rf) {{\n", extent);
+    out += unflatten_reduce(first, k_.loops.size(), "      ");
+    values_.emit_values(out, "      ");
+    out += fmt::format("      {}\n    }}\n    {}\n  }}\n}}\n", combine("acc", values_.v(k_.value)), store);
+    launches.push_back({k_.name, blocks_for(outer, kThreads), kThreads});
+    return;
+  }
+  out += fmt::format("  __shared__ {} scratch[32];\n", acc_t);
+  out += fmt::format("  for (int64_t t = blockIdx.x; t < {}LL; t += gridDim.x) {{\n", outer);
+  if (has_outer) out += fmt::format("    const int64_t {} = t;\n", k_.loops[0].var);
+  out += fmt::format("    {} acc = {};\n", acc_t, init);
+  out += fmt::format("    for (int64_t rf = threadIdx.x; rf < {}LL; rf += blockDim.x) {{\n", extent);
+  out += unflatten_reduce(first, k_.loops.size(), "      ");
+  values_.emit_values(out, "      ");
+  out += fmt::format("      {}\n    }}\n", combine("acc", values_.v(k_.value)));
+  out += fmt::format("    acc = kiln_block_fold<{}>(acc, scratch);\n", is_sum ? "true" : "false");
+  out += fmt::format("    if (threadIdx.x == 0) {}\n  }}\n}}\n", store);
+  // Short rows leave no thread idle: a block of the row's length rounded up to whole warps.
+  const int threads = static_cast<int>(std::min<int64_t>(kThreads, (extent + 31) / 32 * 32));
+  launches.push_back({k_.name, std::min(outer, kMaxBlocks), threads});
+}
+
+// Columns: loops `o` (parallel), the reduce loops, then `i` (the contiguous last axis). A block
+// takes a tile of 32 neighbouring `i` of one `o` (one per lane, so loads coalesce); its 8 warps
+// each fold every 8th reduced row, and warp 0 adds up the 8 partial results.
+void CudaKernelRenderer::column_reduce(std::string& out, std::vector<CudaLaunch>& launches) const {
+  const DType out_t = k_.buffers[0].dtype;
+  const char* acc_t = compute_type(out_t);
+  const std::string init = reduce_init(out_t, k_.reduce_op == Op::ReduceSum, "KILN_INF");
+  const Loop& outer = k_.loops.front();
+  const Loop& inner = k_.loops.back();
+  const int64_t tiles_per_row = (inner.extent + 31) / 32, tiles = outer.extent * tiles_per_row;
+  const int64_t extent = reduce_extent(1, k_.loops.size() - 1);
+  out += signature(k_.name);
+  out += fmt::format("  __shared__ {} scratch[{}][33];\n", acc_t, kColumnWarps);
+  out += "  const int lane = threadIdx.x & 31, row = threadIdx.x >> 5;\n";
+  out += fmt::format("  for (int64_t t = blockIdx.x; t < {}LL; t += gridDim.x) {{\n", tiles);
+  out += fmt::format("    const int64_t {0} = t / {2}LL, {1} = (t % {2}LL) * 32 + lane;\n", outer.var, inner.var, tiles_per_row);
+  out += fmt::format("    {} acc = {};\n", acc_t, init);
+  out += fmt::format("    if ({} < {}LL) {{\n", inner.var, inner.extent);
+  out += fmt::format("      for (int64_t rf = row; rf < {}LL; rf += {}) {{\n", extent, kColumnWarps);
+  out += unflatten_reduce(1, k_.loops.size() - 1, "        ");
+  values_.emit_values(out, "        ");
+  out += fmt::format("        {}\n      }}\n    }}\n", combine("acc", values_.v(k_.value)));
+  out += "    scratch[row][lane] = acc;\n    __syncthreads();\n";
+  out += fmt::format("    if (row == 0 && {} < {}LL) {{\n", inner.var, inner.extent);
+  out += fmt::format("      for (int w = 1; w < {}; ++w) {}\n", kColumnWarps, combine("acc", "scratch[w][lane]"));
+  out += fmt::format("      {}[{}] = {};\n    }}\n", values_.buf(0), values_.idx(k_.store_index), store_value(out_t, "acc"));
+  out += "    __syncthreads();\n  }\n}\n";
+  launches.push_back({k_.name, std::min(tiles, kMaxBlocks), kThreads});
+}
+
+// Two functions: <name>_zero clears the output, then <name> adds every value at its index.
+void CudaKernelRenderer::scatter(std::string& out, std::vector<CudaLaunch>& launches) const {
+  const DType out_t = k_.buffers[0].dtype;
+  const std::string zero = k_.name + "_zero";
+  out += signature(zero);
+  out += fmt::format("  for (int64_t t = {}) {}[t] = {};\n}}\n", fmt::format(fmt::runtime(kGridStride), k_.out_numel),
+                     values_.buf(0), store_value(out_t, "0"));
+  launches.push_back({zero, blocks_for(k_.out_numel, kThreads), kThreads});
+
+  const Loop& l0 = k_.loops[0];
+  const Loop& l1 = k_.loops[1];
+  const int64_t work = l0.extent * l1.extent;
+  out += "\n" + signature(k_.name);
+  out += fmt::format("  for (int64_t t = {}) {{\n", fmt::format(fmt::runtime(kGridStride), work));
+  out += fmt::format("    const int64_t {0} = t / {2}LL, {1} = t % {2}LL;\n", l0.var, l1.var, l1.extent);
+  values_.emit_values(out, "    ");
+  out += fmt::format("    const int64_t at = {} + {}LL * kiln_check_index((int64_t){}, {}LL, err);\n",
+                     values_.idx(k_.store_index), k_.scatter_stride, values_.v(k_.scatter_index), k_.scatter_extent);
+  out += fmt::format("    kiln_atomic_add(&{}[at], ({})({}));\n  }}\n}}\n", values_.buf(0), compute_type(out_t),
+                     values_.v(k_.value));
+  launches.push_back({k_.name, blocks_for(work, kThreads), kThreads});
+}
+
+std::vector<CudaLaunch> CudaKernelRenderer::render(std::string& out) {
+  std::vector<CudaLaunch> launches;
+  if (!is_library(k_.kind)) out += fmt::format("\n// {}\n", k_.summary);
+  switch (k_.kind) {
+    case KernelKind::Elementwise: elementwise(out, launches); break;
+    case KernelKind::Reduce:
+      if (k_.column) column_reduce(out, launches);
+      else row_reduce(out, launches);
+      break;
+    case KernelKind::Scatter: scatter(out, launches); break;
+    case KernelKind::Matmul:
+    case KernelKind::Conv: break;
+  }
+  return launches;
+}
+
+}  // namespace
+
+CudaSource render_cuda(const std::vector<Kernel>& kernels) {
+  CudaSource result;
+  result.source = kCudaPrelude;
+  for (const Kernel& k : kernels) {
+    result.launches.push_back(CudaKernelRenderer(k).render(result.source));
+    result.function_count += static_cast<int>(result.launches.back().size());
+  }
+  return result;
+}
+
+}  // namespace kiln::jit

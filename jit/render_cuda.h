@@ -1,0 +1,40 @@
+// The CUDA renderer: kernel IR -> one CUDA C++ translation unit for NVRTC (jit/nvrtc.h), from
+// the same kernels the C++ renderer gets. Elementwise kernels are grid-stride loops over the
+// output; row reductions fold one output per block (warp shuffles, then across warps), or one
+// output per thread when the reduced extent is tiny; column reductions give each warp 32
+// neighbouring outputs and 8 warps share the reduced rows; scatter kernels zero the output and
+// then add with atomics. Values are computed in fp32 for fp16/bf16 data.
+//
+//   CudaSource cuda = render_cuda(schedule.kernels);
+//   Cubin cubin = compile_cuda_cached(cuda.source, "sm_90");      // jit/nvrtc.h
+//   for (const CudaLaunch& l : cuda.launches[k])                  // in order, on one stream:
+//     launch l.function with <<<l.blocks, l.threads>>> and the arguments
+//     (buffers of kernel k in Kernel::buffers order, then sc, isc, err: all device pointers)
+#pragma once
+#include <string>
+#include <vector>
+
+#include "jit/kernel_ir.h"
+
+namespace kiln::jit {
+
+// One __global__ function launch of a kernel. Every function of a kernel takes the same
+// parameters: a typed pointer per Kernel::buffers entry (buffers[0], the output, first), then
+// `const double* sc`, `const int64_t* isc` and `int64_t* err`, as the CPU kernels get them
+// (render_cpp.h): bound scalars by slot, Rand seed/offset pairs, the out-of-range index slot.
+struct CudaLaunch {
+  std::string function;
+  int64_t blocks = 1;  // grid-stride loops: any count >= 1 is correct; the launcher may clamp it
+  int threads = 256;   // a multiple of 32, at most 256; the block size the function relies on
+};
+
+struct CudaSource {
+  std::string source;                            // prelude + every function
+  std::vector<std::vector<CudaLaunch>> launches;  // per kernel of the plan; empty for library kernels
+  int function_count = 0;
+};
+
+// Source of all JIT kernels (not Matmul or Conv) of a plan.
+CudaSource render_cuda(const std::vector<Kernel>& kernels);
+
+}  // namespace kiln::jit

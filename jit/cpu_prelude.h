@@ -88,51 +88,11 @@ static inline int64_t kiln_check_index(int64_t j, int64_t extent, int64_t* err) 
   if (j < 0 || j >= extent) { __atomic_store_n(err, j == INT64_MIN ? -1 : j, __ATOMIC_RELAXED); __atomic_store_n(err + 1, 1, __ATOMIC_RELAXED); return 0; }
   return j;
 }
-// Philox4x32-10 (Salmon et al. 2011): key = seed, counter = element number.
-static inline void kiln_philox(uint64_t seed, uint64_t counter, uint32_t out[4]) {
-  uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-  for (int round = 0; round < 10; ++round) {
-    uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-    c1 = (uint32_t)p1; c3 = (uint32_t)p0; c0 = n0; c2 = n2;
-    k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
-  }
-  out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
-}
-static inline float kiln_uniform_f(uint64_t seed, uint64_t offset, int64_t i) {
-  uint32_t r[4]; kiln_philox(seed, offset + (uint64_t)i, r);
-  return (float)(r[0] >> 8) * 5.9604644775390625e-08f;
-}
-static inline double kiln_uniform_d(uint64_t seed, uint64_t offset, int64_t i) {
-  uint32_t r[4]; kiln_philox(seed, offset + (uint64_t)i, r);
-  uint64_t bits = ((uint64_t)r[0] << 21) ^ (uint64_t)r[1];
-  return (double)(bits & ((1ull << 53) - 1)) * 1.1102230246251565e-16;
-}
-// cos(2 pi u) for u in [0, 1), folded by symmetry onto [0, pi/2] and a Taylor polynomial there
-// (error below 1e-8): unlike libm's cosf it vectorizes, which makes randn memory-bound.
-static inline float kiln_cos2pi(float u) {
-  float t = u < 0.5f ? u : 1.0f - u;
-  float sign = t < 0.25f ? 1.0f : -1.0f;
-  t = t < 0.25f ? t : 0.5f - t;
-  float x = 6.28318531f * t, z = x * x;
-  float c = 1.0f + z * (-0.5f + z * (4.16666667e-2f + z * (-1.38888889e-3f + z * (2.48015873e-5f +
-            z * (-2.75573192e-7f + z * 2.08767570e-9f)))));
-  return sign * c;
-}
-static inline float kiln_normal_f(uint64_t seed, uint64_t offset, int64_t i) {
-  uint32_t r[4]; kiln_philox(seed, offset + (uint64_t)i, r);
-  float u1 = ((float)(r[0] >> 8) + 1.0f) * 5.9604644775390625e-08f;
-  float u2 = (float)(r[1] >> 8) * 5.9604644775390625e-08f;
-  return __builtin_sqrtf(-2.0f * kiln_logf(u1)) * kiln_cos2pi(u2);
-}
-static inline double kiln_normal_d(uint64_t seed, uint64_t offset, int64_t i) {
-  uint32_t r[4]; kiln_philox(seed, offset + (uint64_t)i, r);
-  double u1 = ((double)(((uint64_t)r[0] << 21) ^ r[1]) + 1.0) * 1.1102230246251565e-16;
-  double u2 = (double)(((uint64_t)r[2] << 21) ^ r[3]) * 1.1102230246251565e-16;
-  u1 = u1 > 1.0 ? 1.0 : u1;
-  return __builtin_sqrt(-2.0 * __builtin_log(u1)) * __builtin_cos(6.283185307179586 * u2);
-}
+#define KILN_FN static inline
+#define KILN_SQRTF(x) __builtin_sqrtf(x)
+#define KILN_SQRT(x) __builtin_sqrt(x)
+#define KILN_LOG(x) __builtin_log(x)
+#define KILN_COS(x) __builtin_cos(x)
 #define KILN_MAX(a, b) (((a) != (a) || (a) > (b)) ? (a) : (b))
 #define KILN_MIN(a, b) (((a) != (a) || (a) < (b)) ? (a) : (b))
 // Max reductions of floats combine partial results with KILN_MAX, so a NaN anywhere wins.

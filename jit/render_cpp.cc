@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "jit/cpu_prelude.h"
+#include "jit/random_prelude.h"
 #include "jit/render_common.h"
 
 namespace kiln::jit {
@@ -193,7 +194,7 @@ std::string CppKernelRenderer::render() {
 }  // namespace
 
 std::string render_cpp(const std::vector<Kernel>& kernels) {
-  std::string src = kCpuPrelude;
+  std::string src = std::string(kCpuPrelude) + kRandomPrelude;
   for (const Kernel& k : kernels)
     if (!is_library(k.kind)) src += "\n" + CppKernelRenderer(k).render();
   return src;

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "jit/cuda_prelude.h"
+#include "jit/random_prelude.h"
 #include "jit/render_common.h"
 
 namespace kiln::jit {
@@ -219,7 +220,7 @@ std::vector<CudaLaunch> CudaKernelRenderer::render(std::string& out) {
 
 CudaSource render_cuda(const std::vector<Kernel>& kernels) {
   CudaSource result;
-  result.source = kCudaPrelude;
+  result.source = std::string(kCudaPrelude) + kRandomPrelude;
   for (const Kernel& k : kernels) {
     result.launches.push_back(CudaKernelRenderer(k).render(result.source));
     result.function_count += static_cast<int>(result.launches.back().size());

@@ -20,6 +20,7 @@ enum class AmpMode : uint8_t { None, Float16, BFloat16 };
   X(bool, use_cuda, false, "create new tensors on the first CUDA device")                          \
   X(int, log, 0, "0 quiet; 1 schedule summary and cache hits; 2 a line per kernel; 3 source")      \
   X(std::string, cache_dir, "", "kernel cache directory (default ~/.cache/kiln)")                  \
+  X(std::string, data_dir, "", "datasets folder (DIR/fashion-mnist or DIR); default /usr/share/datasets") \
   X(bool, plan_cache, true, "reuse the schedule and kernels of a structurally identical graph")   \
   X(bool, disk_cache, true, "keep compiled kernels on disk across processes")                     \
   X(int64_t, seed, 0, "seed of the counter-based random generator")                                \

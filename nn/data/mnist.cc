@@ -11,6 +11,8 @@
 
 #include <fmt/ranges.h>
 
+#include "core/flags.h"
+
 namespace kiln::data {
 
 namespace {
@@ -112,10 +114,10 @@ std::vector<std::string> fashion_mnist_files(Split split) {
 }
 
 std::string default_fashion_mnist_dir() {
-  if (const char* env = std::getenv("KILN_DATA_DIR"); env != nullptr && env[0] != '\0') {
-    std::string nested = (std::filesystem::path(env) / "fashion-mnist").string();
+  if (const std::string& dir = flags().data_dir; !dir.empty()) {
+    std::string nested = (std::filesystem::path(dir) / "fashion-mnist").string();
     std::error_code ec;
-    return std::filesystem::is_directory(nested, ec) ? nested : std::string(env);
+    return std::filesystem::is_directory(nested, ec) ? nested : dir;
   }
   return "/usr/share/datasets/fashion-mnist";
 }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/flags.h"
 #include "nn/data/dataset.h"
 #include "nn/data/mnist.h"
 #include "ops/ops.h"
@@ -401,16 +402,14 @@ TEST_CASE("FashionMnist: missing files name the paths and the Debian package", "
 }
 
 TEST_CASE("default_fashion_mnist_dir honours KILN_DATA_DIR", "[data]") {
-  const char* old = std::getenv("KILN_DATA_DIR");
-  std::string saved = old ? old : "";
+  kiln::FlagsGuard guard;
   TempDir dir("datadir");
-  ::setenv("KILN_DATA_DIR", dir.path.string().c_str(), 1);
+  kiln::flags().set("data_dir", dir.path.string());  // what KILN_DATA_DIR sets at startup
   CHECK(default_fashion_mnist_dir() == dir.path.string());
   fs::create_directories(dir.path / "fashion-mnist");
   CHECK(default_fashion_mnist_dir() == (dir.path / "fashion-mnist").string());
-  ::unsetenv("KILN_DATA_DIR");
+  kiln::flags().data_dir.clear();
   CHECK(default_fashion_mnist_dir() == "/usr/share/datasets/fashion-mnist");
-  if (old) ::setenv("KILN_DATA_DIR", saved.c_str(), 1);
 }
 
 TEST_CASE("Fashion-MNIST from the Debian package, when installed", "[data]") {

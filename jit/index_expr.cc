@@ -56,10 +56,44 @@ IndexExpr IndexContext::add(const IndexExpr& a, const IndexExpr& b) const {
   std::map<int, int64_t> acc;
   for (auto& t : a.terms) acc[t.atom] += t.coeff;
   for (auto& t : b.terms) acc[t.atom] += t.coeff;
+  // Fold c*d*(e/d) + c*(e%d) back into c*e (C's / and % satisfy e == (e/d)*d + e%d for any
+  // sign): a reshape's div/mod decomposition, linearized again, becomes affine. The div may be
+  // stored merged with an inner one, e/d == x/(k*d) when e is x/k.
+  for (bool folded = true; folded;) {
+    folded = false;
+    for (auto& [m, cm] : acc) {
+      if (m < 0 || cm == 0 || atoms_[m].kind != IndexAtom::Kind::Mod) continue;
+      const IndexAtom& mod_atom = atoms_[m];
+      const IndexExpr& e = inners_[mod_atom.inner];
+      const int64_t d = mod_atom.divisor;
+      const IndexAtom* inner_div = nullptr;  // e is x/k
+      if (e.constant == 0 && e.terms.size() == 1 && e.terms[0].coeff == 1 &&
+          atoms_[e.terms[0].atom].kind == IndexAtom::Kind::Div)
+        inner_div = &atoms_[e.terms[0].atom];
+      for (auto& [q, cq] : acc) {
+        if (q < 0 || cq != cm * d || atoms_[q].kind != IndexAtom::Kind::Div) continue;
+        const IndexAtom& div_atom = atoms_[q];
+        bool partner = (div_atom.divisor == d && same(inners_[div_atom.inner], e)) ||
+                       (inner_div && div_atom.divisor == inner_div->divisor * d &&
+                        same(inners_[div_atom.inner], inners_[inner_div->inner]));
+        if (!partner) continue;
+        int64_t c = cm;
+        cq = 0;
+        acc[m] = 0;
+        for (auto& t : e.terms) acc[t.atom] += c * t.coeff;
+        acc[-1] += c * e.constant;  // constants ride on a sentinel key
+        folded = true;
+        break;
+      }
+      if (folded) break;
+    }
+  }
   IndexExpr r;
   r.constant = a.constant + b.constant;
-  for (auto& [atom, c] : acc)
-    if (c != 0) r.terms.push_back({c, atom});
+  for (auto& [atom, c] : acc) {
+    if (atom == -1) r.constant += c;
+    else if (c != 0) r.terms.push_back({c, atom});
+  }
   return r;
 }
 
@@ -88,6 +122,14 @@ IndexExpr IndexContext::div(const IndexExpr& a, int64_t d) {
   if (d == 0) return constant(0);
   if (d == 1) return a;
   if (a.terms.empty()) return constant(floor_div(a.constant, d));
+  // (x/k)/d == x/(k*d): one atom, which add() can pair with (x/k)%d.
+  if (a.constant == 0 && a.terms.size() == 1 && a.terms[0].coeff == 1 && d > 0) {
+    const IndexAtom& inner = atoms_[a.terms[0].atom];
+    if (inner.kind == IndexAtom::Kind::Div && inner.divisor > 0) {
+      IndexExpr x = inners_[inner.inner];  // copy: div() may grow inners_
+      return div(x, inner.divisor * d);
+    }
+  }
   // Split a = d*q + r where r holds the terms whose coefficients d does not divide.
   IndexExpr q, r;
   for (auto& t : a.terms) {
@@ -97,6 +139,20 @@ IndexExpr IndexContext::div(const IndexExpr& a, int64_t d) {
   q.constant = floor_div(a.constant, d);
   r.constant = floor_mod(a.constant, d);
   if (min(r) >= 0 && max(r) < d) return q;
+  // a = k*q' + r' with 0 <= r' < k for a factor k of d: a/d == q'/(d/k). E.g. (28*o + i)/784
+  // with i < 28 is o/28.
+  for (auto& t : a.terms) {
+    int64_t k = gcd(t.coeff, d);
+    if (k <= 1 || k == d) continue;
+    IndexExpr qk, rk;
+    for (auto& u : a.terms) {
+      if (u.coeff % k == 0) qk.terms.push_back({u.coeff / k, u.atom});
+      else rk.terms.push_back(u);
+    }
+    qk.constant = floor_div(a.constant, k);
+    rk.constant = floor_mod(a.constant, k);
+    if (min(rk) >= 0 && max(rk) < k) return div(qk, d / k);
+  }
   // Common factor of every coefficient, the constant and d: (g*x)/(g*k) = x/k.
   int64_t g = d;
   for (auto& t : a.terms) g = gcd(g, t.coeff);

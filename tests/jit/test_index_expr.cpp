@@ -39,6 +39,28 @@ TEST_CASE("merging and splitting contiguous dims stays affine", "[jit][index]") 
   CHECK_FALSE(ctx2.is_affine(back[0]));  // r / 5 cannot be affine
 }
 
+TEST_CASE("an unravelled flat index linearized again folds back to the flat index", "[jit][index]") {
+  // The pooling/randn pattern: a flat loop variable o split by a 4-d shape and linearized
+  // again: 25088*(o/25088) + 784*((o/784)%32) + 28*((o/28)%28) + o%28 must be o.
+  IndexContext ctx;
+  const Shape shape{128, 32, 28, 28};
+  IndexExpr o = ctx.var("o", numel(shape));
+  auto idx = unravel(ctx, o, shape);
+  auto strides = contiguous_strides(shape);
+  IndexExpr lin = ctx.constant(0);
+  for (size_t d = 0; d < shape.size(); ++d) lin = ctx.add(lin, ctx.scale(idx[d], strides[d]));
+  CHECK(ctx.render(lin) == "o");
+  // With an outer x inner split as the executor's fallback loops make: 28*o2 + i.
+  IndexContext ctx2;
+  IndexExpr o2 = ctx2.var("o", numel(shape) / 28), i = ctx2.var("i", 28);
+  IndexExpr flat = ctx2.add(ctx2.scale(o2, 28), i);
+  auto idx2 = unravel(ctx2, flat, shape);
+  IndexExpr lin2 = ctx2.constant(0);
+  for (size_t d = 0; d < shape.size(); ++d) lin2 = ctx2.add(lin2, ctx2.scale(idx2[d], strides[d]));
+  CHECK(ctx2.is_affine(lin2));
+  CHECK(ctx2.render(lin2) == "28*o + i");
+}
+
 TEST_CASE("random reshape chains keep their values", "[jit][index]") {
   std::mt19937 rng(7);
   const std::vector<Shape> shapes = {{24}, {2, 12}, {4, 6}, {2, 3, 4}, {3, 8}, {6, 2, 2}, {1, 24, 1}, {2, 2, 2, 3}};

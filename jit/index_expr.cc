@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -25,6 +26,17 @@ IndexExpr scale_down(const IndexExpr& a, int64_t g) {
   for (auto& t : r.terms) t.coeff /= g;
   r.constant /= g;
   return r;
+}
+// a = k*q + r: q from the terms whose coefficients k divides (and floor(constant / k)), r the rest.
+std::pair<IndexExpr, IndexExpr> split(const IndexExpr& a, int64_t k) {
+  IndexExpr q, r;
+  for (auto& t : a.terms) {
+    if (t.coeff % k == 0) q.terms.push_back({t.coeff / k, t.atom});
+    else r.terms.push_back(t);
+  }
+  q.constant = floor_div(a.constant, k);
+  r.constant = floor_mod(a.constant, k);
+  return {q, r};
 }
 bool same(const IndexExpr& a, const IndexExpr& b) {
   if (a.constant != b.constant || a.terms.size() != b.terms.size()) return false;
@@ -130,28 +142,15 @@ IndexExpr IndexContext::div(const IndexExpr& a, int64_t d) {
       return div(x, inner.divisor * d);
     }
   }
-  // Split a = d*q + r where r holds the terms whose coefficients d does not divide.
-  IndexExpr q, r;
-  for (auto& t : a.terms) {
-    if (t.coeff % d == 0) q.terms.push_back({t.coeff / d, t.atom});
-    else r.terms.push_back(t);
-  }
-  q.constant = floor_div(a.constant, d);
-  r.constant = floor_mod(a.constant, d);
-  if (min(r) >= 0 && max(r) < d) return q;
-  // a = k*q' + r' with 0 <= r' < k for a factor k of d: a/d == q'/(d/k). E.g. (28*o + i)/784
-  // with i < 28 is o/28.
+  // a = d*q + r, r holding the terms whose coefficients d does not divide: a/d == q when
+  // 0 <= r < d.
+  if (auto [q, r] = split(a, d); min(r) >= 0 && max(r) < d) return q;
+  // a = k*q + r with 0 <= r < k for a factor k of d: a/d == q/(d/k). E.g. (28*o + i)/784 with
+  // i < 28 is o/28.
   for (auto& t : a.terms) {
     int64_t k = gcd(t.coeff, d);
     if (k <= 1 || k == d) continue;
-    IndexExpr qk, rk;
-    for (auto& u : a.terms) {
-      if (u.coeff % k == 0) qk.terms.push_back({u.coeff / k, u.atom});
-      else rk.terms.push_back(u);
-    }
-    qk.constant = floor_div(a.constant, k);
-    rk.constant = floor_mod(a.constant, k);
-    if (min(rk) >= 0 && max(rk) < k) return div(qk, d / k);
+    if (auto [q, r] = split(a, k); min(r) >= 0 && max(r) < k) return div(q, d / k);
   }
   // Common factor of every coefficient, the constant and d: (g*x)/(g*k) = x/k.
   int64_t g = d;

@@ -144,7 +144,11 @@ IndexExpr IndexContext::div(const IndexExpr& a, int64_t d) {
   }
   // a = d*q + r, r holding the terms whose coefficients d does not divide: a/d == q when
   // 0 <= r < d.
-  if (auto [q, r] = split(a, d); min(r) >= 0 && max(r) < d) return q;
+  if (auto [q, r] = split(a, d); min(r) >= 0 && max(r) < d) {
+    return q;
+  } else if (!q.terms.empty() && !r.terms.empty() && min(q) >= 0 && min(r) >= 0) {
+    return add(q, div(r, d));  // (d*q + r)/d == q + r/d, all non-negative: (28*o + i)/2 = 14*o + i/2
+  }
   // a = k*q + r with 0 <= r < k for a factor k of d: a/d == q/(d/k). E.g. (28*o + i)/784 with
   // i < 28 is o/28.
   for (auto& t : a.terms) {

@@ -698,19 +698,24 @@ Kernel build_reduce(const Scheduler& s, const Node* node, int slot, bool flat) {
   const Shape& in_shape = in->shape;
   k.out_numel = node->numel();
   std::vector<IndexExpr> idx;
-  const int64_t last = in_shape.empty() ? 1 : in_shape.back();
-  const bool last_reduced =
-      std::find(node->ints.begin(), node->ints.end(), static_cast<int64_t>(in_shape.size()) - 1) != node->ints.end();
-  if (k.out_numel > 1 && !in_shape.empty() && !last_reduced && last > 1) {
-    // Reducing over outer axes of rows (e.g. a bias gradient [B, N] -> [1, N]): the contiguous
-    // last axis becomes the vectorized inner loop, with one accumulator per element of it.
+  auto reduced = [&](int64_t ax) { return std::find(node->ints.begin(), node->ints.end(), ax) != node->ints.end(); };
+  // The inner output axis: the last kept one, behind which only a few reduced elements may
+  // follow (a pooling window's columns), so that consecutive outputs read nearby inputs.
+  int64_t inner_axis = static_cast<int64_t>(in_shape.size()) - 1, trailing = 1;
+  while (inner_axis >= 0 && reduced(inner_axis)) trailing *= in_shape[inner_axis--];
+  const int64_t last = inner_axis >= 0 ? in_shape[inner_axis] : 1;
+  if (k.out_numel > 1 && inner_axis >= 0 && last > 1 && trailing <= 16) {
+    // Reducing over outer axes of rows (e.g. a bias gradient [B, N] -> [1, N]) or over small
+    // windows: the inner output axis becomes the vectorized inner loop, with one accumulator per
+    // element of it.
     k.column = true;
     int64_t outer = k.out_numel / last;
     IndexExpr o = k.ctx.var("o", outer), i = k.ctx.var("i", last);
     k.loops.push_back({"o", outer, Loop::Role::Parallel});
-    Shape outer_shape(node->shape.begin(), node->shape.end() - 1);
+    Shape outer_shape(node->shape.begin(), node->shape.begin() + inner_axis);
     idx = unflatten(k.ctx, o, outer_shape);
     idx.push_back(i);
+    idx.resize(in_shape.size(), k.ctx.constant(0));  // the trailing reduced axes, set below
     for (int64_t ax : node->ints) {
       std::string name = fmt::format("r{}", ax);
       idx[ax] = k.ctx.var(name, in_shape[ax]);

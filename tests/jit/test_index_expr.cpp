@@ -59,6 +59,9 @@ TEST_CASE("an unravelled flat index linearized again folds back to the flat inde
   for (size_t d = 0; d < shape.size(); ++d) lin2 = ctx2.add(lin2, ctx2.scale(idx2[d], strides[d]));
   CHECK(ctx2.is_affine(lin2));
   CHECK(ctx2.render(lin2) == "28*o + i");
+  // A split of the inner axis, as a 2x2 window's gradient sees it: 2*((28*o + i)/2 % 14) + i%2.
+  IndexExpr split = ctx2.add(ctx2.scale(ctx2.mod(ctx2.div(flat, 2), 14), 2), ctx2.mod(flat, 2));
+  CHECK(ctx2.render(split) == "i");
 }
 
 TEST_CASE("random reshape chains keep their values", "[jit][index]") {

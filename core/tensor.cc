@@ -6,6 +6,19 @@
 
 namespace kiln {
 
+namespace {
+// A copy of `value` that becomes `var`'s node: a fresh id, no holders, and var's gradient role.
+NodePtr node_for_variable(const Node& value, const std::shared_ptr<Var>& var) {
+  auto node = std::make_shared<Node>(value);
+  node->id = Node::next_id();
+  node->held = 0;
+  node->requires_grad = var->requires_grad;
+  node->grad_leaf = var->requires_grad;
+  node->var = var;
+  return node;
+}
+}  // namespace
+
 Tensor::Tensor(NodePtr node) : var_(std::make_shared<Var>(std::move(node))) {}
 
 const NodePtr& Tensor::node() const {
@@ -106,12 +119,7 @@ void Tensor::assign(const Tensor& value) {
   KILN_CHECK(value.shape() == shape() && value.device() == device(), "assign",
              "value {} does not match the variable {}", value.str(), str());
   Tensor v = value.dtype() == dtype() ? value : kiln::cast(value, dtype());
-  auto node = std::make_shared<Node>(*v.node());
-  node->id = Node::next_id();
-  node->held = 0;
-  node->requires_grad = var_->requires_grad;
-  node->grad_leaf = var_->requires_grad;
-  node->var = var_;
+  NodePtr node = node_for_variable(*v.node(), var_);
   node->replaces = var_->node;
   var_->set(node);
   if (!flags().lazy) realize();
@@ -134,13 +142,7 @@ Tensor& Tensor::to_(Device device) {
   if (device == this->device()) return *this;
   Tensor moved = kiln::to_device(*this, device);
   Tensor g = grad();
-  auto node = std::make_shared<Node>(*moved.node());
-  node->id = Node::next_id();
-  node->held = 0;
-  node->requires_grad = var_->requires_grad;
-  node->grad_leaf = var_->requires_grad;
-  node->var = var_;
-  var_->set(node);
+  var_->set(node_for_variable(*moved.node(), var_));  // another device: nothing to update in place
   if (g.defined()) set_grad(kiln::to_device(g, device));
   return *this;
 }

@@ -78,17 +78,23 @@ Window make_window(const ConvGeometry& g) {
           {g.padding[0], g.padding[1]}};
 }
 
+// The forward primitive in oneDNN's preferred layouts; also the hint the backward passes need.
+dnnl::convolution_forward::primitive_desc forward_desc(const ConvGeometry& g, memory::data_type dt) {
+  const Descs any = make_descs(g, dt, false);
+  const Window win = make_window(g);
+  return dnnl::convolution_forward::primitive_desc(
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, any.x,
+                                      any.w, any.y, win.strides, win.dilates, win.pad_l, win.pad_r),
+      runtime().engine);
+}
+
 Plan make_plan(ConvPass pass, DType t, const ConvGeometry& g) {
   const memory::data_type dt = to_dnnl(t);
   const Descs plain = make_descs(g, dt, true), any = make_descs(g, dt, false);
   const Window win = make_window(g);
   const dnnl::engine& engine = runtime().engine;
   using dnnl::algorithm;
-  using dnnl::prop_kind;
-  dnnl::convolution_forward::primitive_desc fwd(
-      dnnl::convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct, any.x, any.w,
-                                      any.y, win.strides, win.dilates, win.pad_l, win.pad_r),
-      engine);
+  const dnnl::convolution_forward::primitive_desc fwd = forward_desc(g, dt);
   Plan plan;
   switch (pass) {
     case ConvPass::Forward:
@@ -144,21 +150,10 @@ std::string describe(ConvPass pass, DType t, const ConvGeometry& g) {
 bool supports_conv(DType t) {
   if (t == DType::Float32) return true;
   if (t != DType::BFloat16) return false;
-  // As for matmul: bf16 without avx512_bf16/AMX only has oneDNN's reference kernel.
-  static const bool bf16 = [] {
-    try {
-      ConvGeometry g{.N = 1, .C = 16, .H = 8, .W = 8, .OC = 16, .KH = 3, .KW = 3, .OH = 6, .OW = 6};
-      Descs any = make_descs(g, memory::data_type::bf16, false);
-      Window win = make_window(g);
-      dnnl::convolution_forward::primitive_desc pd(
-          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                                          any.x, any.w, any.y, win.strides, win.dilates, win.pad_l, win.pad_r),
-          runtime().engine);
-      return !std::string_view(pd.impl_info_str()).starts_with("ref");
-    } catch (const dnnl::error&) {
-      return false;
-    }
-  }();
+  static const bool bf16 = has_native_kernel([] {
+    return forward_desc({.N = 1, .C = 16, .H = 8, .W = 8, .OC = 16, .KH = 3, .KW = 3, .OH = 6, .OW = 6},
+                        memory::data_type::bf16);
+  });
   return bf16;
 }
 

@@ -77,10 +77,6 @@ memory::data_type to_dnnl(DType t) {
   return t == DType::BFloat16 ? memory::data_type::bf16 : memory::data_type::f32;
 }
 
-bool is_reference(const dnnl::matmul::primitive_desc& pd) {
-  return std::string_view(pd.impl_info_str()).starts_with("ref");
-}
-
 memory::desc strided_desc(const Layout& l, int64_t rows, int64_t cols, memory::data_type dt) {
   return memory::desc({l.batch, rows, cols}, dt, {l.strides[0], l.strides[1], l.strides[2]});
 }
@@ -161,17 +157,10 @@ std::string describe(DType t, const int64_t a_strides[3], const int64_t b_stride
 bool supports_matmul(DType t) {
   if (t == DType::Float32) return true;
   if (t != DType::BFloat16) return false;
-  // oneDNN accepts bf16 on any x86 CPU but falls back to its reference kernel without
-  // avx512_bf16/AMX; that is no faster than kiln's own loops, so it counts as unsupported.
-  static const bool bf16 = [] {
-    try {
-      memory::desc md = contiguous_desc(1, 16, 16, memory::data_type::bf16);
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, md), runtime().engine);
-      return !is_reference(pd);
-    } catch (const dnnl::error&) {
-      return false;
-    }
-  }();
+  static const bool bf16 = has_native_kernel([] {
+    memory::desc md = contiguous_desc(1, 16, 16, memory::data_type::bf16);
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(md, md, md), runtime().engine);
+  });
   return bf16;
 }
 

@@ -2,6 +2,7 @@
 // guard that runs small primitives on one thread.
 #pragma once
 #include <mutex>
+#include <string_view>
 
 #include <dnnl.hpp>
 #include <omp.h>
@@ -19,6 +20,22 @@ struct Runtime {
 inline Runtime& runtime() {
   static Runtime r;
   return r;
+}
+
+// Whether oneDNN picked its slow reference implementation for a primitive descriptor.
+template <class PrimitiveDesc> bool is_reference(const PrimitiveDesc& pd) {
+  return std::string_view(pd.impl_info_str()).starts_with("ref");
+}
+
+// Whether `make_pd()` (the descriptor of a small problem) gets a native kernel; false when oneDNN
+// refuses it. oneDNN accepts bf16 on any x86 CPU but without avx512_bf16/AMX only with its
+// reference kernel, which is no faster than kiln's own loops, so that counts as unsupported.
+template <class MakePd> bool has_native_kernel(MakePd make_pd) {
+  try {
+    return !is_reference(make_pd());
+  } catch (const dnnl::error&) {
+    return false;
+  }
 }
 
 // Below ~1 MFLOP a primitive is faster on one thread than waking (or, on a busy machine,

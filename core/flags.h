@@ -18,6 +18,8 @@ enum class AmpMode : uint8_t { None, Float16, BFloat16 };
 #define KILN_FLAG_LIST(X)                                                                         \
   X(bool, lazy, true, "record ops lazily and run them when a value is needed; 0 = eager mode")     \
   X(bool, use_cuda, false, "create new tensors on the first CUDA device")                          \
+  X(bool, cuda_emulator, false, "no GPU: run CUDA on the host emulator (tests; slow, exact)")        \
+  X(bool, tf32, false, "CUDA float32 matmul and conv may round inputs to TF32 (tensor cores)")     \
   X(int, log, 0, "0 quiet; 1 schedule summary and cache hits; 2 a line per kernel; 3 source")      \
   X(std::string, cache_dir, "", "kernel cache directory (default ~/.cache/kiln)")                  \
   X(std::string, data_dir, "", "datasets folder (DIR/fashion-mnist or DIR); default /usr/share/datasets") \

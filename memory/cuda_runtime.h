@@ -1,7 +1,14 @@
 // The CUDA runtime as kiln sees it: whether a device is there (never a crash when the driver or
-// the GPU is missing), what it is, and synchronous host <-> device copies. Only the runtime
-// library (cudart) is used, never libcuda directly. In a build without the CUDA toolkit every
-// query answers "no device" with that reason.
+// the GPU is missing), what it is, its memory, kiln's stream and copies. Only the runtime library
+// (cudart) is used, never libcuda directly. In a build without the CUDA toolkit every query
+// answers "no device" with that reason.
+//
+// Work on a device is ordered on one stream per device (stream(index)): kernels, library calls,
+// copies. Host-visible results (copy_to_host, synchronize) wait for it.
+//
+// With no GPU and flags().cuda_emulator (KILN_CUDA_EMULATOR=1), cuda:0 is the host emulator
+// (jit/cuda_emulator.h): "device memory" is host memory, copies are memcpy, kernels run on host
+// fibers. The CUDA code paths then run, slowly, on any machine; a real device always wins.
 //
 //   if (kiln::cuda::available()) fmt::print("{}\n", kiln::cuda::device_info(0).name);
 //   else fmt::print("no CUDA: {}\n", kiln::cuda::unavailable_reason());
@@ -15,8 +22,10 @@
 
 namespace kiln::cuda {
 
-// True when this build has CUDA and the runtime reports at least one device.
+// True when this build has CUDA and the runtime reports at least one device, or the emulator is on.
 bool available();
+// True when cuda:0 is the host emulator (no GPU here, flags().cuda_emulator set at first query).
+bool emulated();
 int device_count();  // 0 when unavailable
 // Why available() is false, in words (e.g. the runtime's "CUDA driver version is insufficient");
 // empty when it is true.
@@ -39,8 +48,19 @@ void check_device(Device device, std::string_view op);
 void* device_malloc(int index, size_t bytes);
 void device_free(int index, void* p);
 
-// Synchronous copies of `bytes` between host memory and device `index`.
+// kiln's stream on device `index` (a cudaStream_t; nullptr for the emulator), created on first use.
+void* stream(int index);
+// Waits until everything queued on stream(index) has finished; throws kiln::Error with the
+// runtime's message if an earlier kernel failed.
+void synchronize(int index);
+
+// Copies of `bytes` between host memory and device `index`, ordered on stream(index).
+// copy_to_device returns once `host_src` may be reused (the data is staged); copy_to_host
+// returns when `host_dst` holds the data.
 void copy_to_device(int index, void* device_dst, const void* host_src, size_t bytes);
 void copy_to_host(int index, void* host_dst, const void* device_src, size_t bytes);
+// Queued on stream(index): a device-to-device copy, and every byte of [p, p + bytes) set to `value`.
+void copy_on_device(int index, void* dst, const void* src, size_t bytes);
+void fill_bytes(int index, void* p, int value, size_t bytes);
 
 }  // namespace kiln::cuda

@@ -1,14 +1,15 @@
-// Source text placed at the top of every generated CUDA translation unit (compiled by NVRTC, which
-// has no standard headers): fixed-width integer types, the helpers jit/cpu_prelude.h defines under
-// the same names (element conversions, KILN_MAX/MIN, the index check, the Philox generator), and
-// what only CUDA needs (warp shuffles of any accumulator type, atomic adds of any element type).
-// The Philox generator and its uniform/normal transforms are ports of the CPU prelude's, so a
-// random tensor holds the same numbers on both backends.
+// Source text placed at the top of every generated CUDA translation unit, in two parts.
+// kCudaTypes is what NVRTC (which has no standard headers) needs first: fixed-width integer types
+// and CUDA's fp16/bf16 headers; the host emulator (jit/cuda_emulator.h) puts its own definitions
+// of those and of CUDA's built-ins in its place. kCudaPrelude, compiled by both, holds the helpers
+// jit/cpu_prelude.h defines under the same names (element conversions, KILN_MAX/MIN, the index
+// check, the log of the normal transform) and what only CUDA needs (warp shuffles of any
+// accumulator type, atomic adds of any element type, block-wide folds).
 #pragma once
 
 namespace kiln::jit {
 
-inline constexpr const char* kCudaPrelude = R"KILN(
+inline constexpr const char* kCudaTypes = R"KILN(
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 typedef signed char int8_t;
@@ -20,6 +21,9 @@ typedef unsigned long long uint64_t;
 #define INT8_MIN (-128)
 #define INT32_MIN (-2147483647 - 1)
 #define INT64_MIN (-9223372036854775807LL - 1)
+)KILN";
+
+inline constexpr const char* kCudaPrelude = R"KILN(
 #define KILN_INF __int_as_float(0x7f800000)
 typedef __half kiln_half;
 typedef __nv_bfloat16 kiln_bf16;

@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -10,13 +11,16 @@
 #include "core/flags.h"
 #include "core/tensor.h"
 #include "jit/compiler.h"
+#include "jit/cuda_kernels.h"
 #include "jit/render_cpp.h"
 #include "jit/schedule.h"
 #include "memory/allocator.h"
+#include "memory/cuda_runtime.h"
 #include "memory/planner.h"
 #include "memory/pool.h"
 #include "memory/recompute.h"
 #include "ops/conv_onednn.h"
+#include "ops/cuda_library.h"
 #include "ops/matmul_onednn.h"
 
 namespace kiln::jit {
@@ -24,9 +28,12 @@ namespace kiln::jit {
 namespace {
 
 struct Plan {
+  Device device;
   Schedule schedule;
   std::shared_ptr<CompiledModule> module;
-  std::vector<KernelFn> fns;        // per kernel; null for library calls
+  std::vector<KernelFn> fns;        // per kernel; null for library calls (CPU plans)
+  std::unique_ptr<CudaKernels> cuda;  // the JIT kernels of a CUDA plan
+  std::vector<int> fallible;        // kernels that may report an index out of range, in order
   std::vector<int> last_use;        // per slot: last kernel reading or writing it
   std::vector<int> producer;        // per slot: kernel writing it (-1 for externals)
   std::vector<int64_t> offset;      // per slot: arena offset of an intermediate, -1 otherwise
@@ -119,9 +126,7 @@ void find_in_place_updates(Plan& plan, const PendingGraph& graph) {
   std::vector<int> external_slot(graph.externals.size(), -1);
   for (size_t i = 0; i < s.slots.size(); ++i)
     if (s.slots[i].external >= 0) external_slot[s.slots[i].external] = static_cast<int>(i);
-  int last_fallible = -1;
-  for (size_t k = 0; k < s.kernels.size(); ++k)
-    if (can_fail(s.kernels[k])) last_fallible = static_cast<int>(k);
+  const int last_fallible = plan.fallible.empty() ? -1 : plan.fallible.back();
   for (size_t k = 0; k < s.kernels.size(); ++k) {
     const Kernel& kernel = s.kernels[k];
     int out = kernel.buffers[0].slot;
@@ -186,8 +191,9 @@ bool old_value_unobserved(const PendingGraph& graph, int e, const std::vector<si
   return true;
 }
 
-std::unique_ptr<Plan> build_plan(const PendingGraph& graph) {
+std::unique_ptr<Plan> build_plan(const PendingGraph& graph, Device device) {
   auto plan = std::make_unique<Plan>();
+  plan->device = device;
   plan->schedule = schedule(graph);
   const Schedule& s = plan->schedule;
   plan->last_use.assign(s.slots.size(), -1);
@@ -197,13 +203,16 @@ std::unique_ptr<Plan> build_plan(const PendingGraph& graph) {
     for (const KernelBuffer& b : s.kernels[k].buffers) plan->last_use[b.slot] = static_cast<int>(k);
     plan->producer[s.kernels[k].buffers[0].slot] = static_cast<int>(k);
     jit_kernels += !is_library(s.kernels[k].kind);
+    if (can_fail(s.kernels[k])) plan->fallible.push_back(static_cast<int>(k));
   }
   plan_buffers(*plan);
   find_in_place_updates(*plan, graph);
   plan->info->output_bytes = plan->output_bytes;
   memory::note_plan(plan->info);
   plan->fns.assign(s.kernels.size(), nullptr);
-  if (jit_kernels > 0) {
+  if (jit_kernels > 0 && device.is_cuda()) {
+    plan->cuda = std::make_unique<CudaKernels>(s.kernels, device.index);
+  } else if (jit_kernels > 0) {
     plan->module = compile_cached(render_cpp(s.kernels), jit_kernels);
     for (size_t k = 0; k < s.kernels.size(); ++k)
       if (!is_library(s.kernels[k].kind))
@@ -255,19 +264,63 @@ void fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& graph)
   graph = collect_pending(targets);
 }
 
-void run_matmul(const Kernel& k, void* const* ptrs) {
+// Library kernels: oneDNN on the CPU (and for the CUDA emulator, whose memory is the host's),
+// cuBLASLt and cuDNN on a GPU.
+void run_matmul(const Kernel& k, void* const* ptrs, Device device) {
   const MatmulCall& mm = k.matmul;
   DType t = k.buffers[0].dtype;
   size_t es = dtype_size(t);
   const char* a = static_cast<const char*>(ptrs[k.buffers[mm.a_buffer].slot]) + mm.a_offset * es;
   const char* b = static_cast<const char*>(ptrs[k.buffers[mm.b_buffer].slot]) + mm.b_offset * es;
-  onednn::matmul(t, a, mm.a_strides, b, mm.b_strides, ptrs[k.buffers[0].slot], mm.batch, mm.M, mm.K, mm.N);
+  if (device.is_cuda() && !cuda::emulated())
+    cuda_library::matmul(device.index, t, a, mm.a_strides, b, mm.b_strides, ptrs[k.buffers[0].slot], mm.batch, mm.M,
+                         mm.K, mm.N);
+  else
+    onednn::matmul(t, a, mm.a_strides, b, mm.b_strides, ptrs[k.buffers[0].slot], mm.batch, mm.M, mm.K, mm.N);
 }
 
-void run_conv(const Kernel& k, void* const* ptrs) {
+void run_conv(const Kernel& k, void* const* ptrs, Device device) {
   const ConvCall& c = k.conv;
-  onednn::conv2d(c.pass, k.buffers[0].dtype, c.geometry, ptrs[k.buffers[c.a_buffer].slot],
-                 ptrs[k.buffers[c.b_buffer].slot], ptrs[k.buffers[0].slot]);
+  const void* a = ptrs[k.buffers[c.a_buffer].slot];
+  const void* b = ptrs[k.buffers[c.b_buffer].slot];
+  if (device.is_cuda() && !cuda::emulated())
+    cuda_library::conv2d(device.index, c.pass, k.buffers[0].dtype, c.geometry, a, b, ptrs[k.buffers[0].slot]);
+  else
+    onednn::conv2d(c.pass, k.buffers[0].dtype, c.geometry, a, b, ptrs[k.buffers[0].slot]);
+}
+
+// A CUDA plan's bound values in device memory: scalars (sc), Rand seeds and offsets (isc), and an
+// index-error pair (value, flag) per kernel that can fail, zeroed. Copied in one transfer.
+struct DeviceScalars {
+  std::shared_ptr<Storage> storage;
+  const double* sc = nullptr;
+  const int64_t* isc = nullptr;
+  int64_t* err = nullptr;  // pair i belongs to plan.fallible[i]
+};
+
+DeviceScalars upload_scalars(const Plan& plan, const std::vector<double>& scalars, const std::vector<int64_t>& ints) {
+  static_assert(sizeof(double) == sizeof(int64_t));
+  std::vector<int64_t> host(scalars.size() + ints.size() + 2 * std::max<size_t>(plan.fallible.size(), 1), 0);
+  std::memcpy(host.data(), scalars.data(), scalars.size() * sizeof(double));
+  std::memcpy(host.data() + scalars.size(), ints.data(), ints.size() * sizeof(int64_t));
+  DeviceScalars d;
+  d.storage = memory::allocate_storage(host.size() * sizeof(int64_t), plan.device);
+  cuda::copy_to_device(plan.device.index, d.storage->data, host.data(), host.size() * sizeof(int64_t));
+  auto* base = static_cast<int64_t*>(d.storage->data);
+  d.sc = reinterpret_cast<const double*>(base);
+  d.isc = base + scalars.size();
+  d.err = base + scalars.size() + ints.size();
+  return d;
+}
+
+// After the last kernel that can fail: one wait for the device, then the first error reported.
+void check_device_errors(const Plan& plan, const DeviceScalars& d) {
+  std::vector<int64_t> err(2 * plan.fallible.size());
+  cuda::copy_to_host(plan.device.index, err.data(), d.err, err.size() * sizeof(int64_t));
+  for (size_t i = 0; i < plan.fallible.size(); ++i)
+    KILN_CHECK(err[2 * i + 1] == 0, "gather/scatter_add",
+               "index {} is out of range in kernel `{}`; indices must lie in [0, size) of the indexed dimension",
+               err[2 * i], plan.schedule.kernels[static_cast<size_t>(plan.fallible[i])].summary);
 }
 
 void run_plan(const Plan& plan, const PendingGraph& graph) {
@@ -290,9 +343,10 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
   int_scalars.push_back(0);
   if (flags().num_threads > 0) omp_set_num_threads(flags().num_threads);
   // One arena holds every intermediate; the pool hands the same memory back run after run.
+  const Device device = plan.device;
   std::shared_ptr<Storage> arena;
   if (plan.memory.arena_bytes > 0) {
-    arena = memory::allocate_storage(static_cast<size_t>(plan.memory.arena_bytes), Device::cpu());
+    arena = memory::allocate_storage(static_cast<size_t>(plan.memory.arena_bytes), device);
     for (size_t i = 0; i < s.slots.size(); ++i)
       if (plan.offset[i] >= 0) ptrs[i] = static_cast<char*>(arena->data) + plan.offset[i];
   }
@@ -309,19 +363,39 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
   for (size_t i = 0; i < s.slots.size(); ++i) {
     if (s.slots[i].external >= 0 || plan.offset[i] >= 0 || storage[i]) continue;
     storage[i] = memory::allocate_storage(static_cast<size_t>(s.slots[i].numel) * dtype_size(s.slots[i].dtype),
-                                          Device::cpu());
+                                          device);
     ptrs[i] = storage[i]->data;
   }
+  DeviceScalars on_device;
+  std::vector<void*> values, args;
+  if (device.is_cuda()) on_device = upload_scalars(plan, scalars, int_scalars);
 
   for (size_t k = 0; k < s.kernels.size(); ++k) {
     const Kernel& kernel = s.kernels[k];
     auto start = std::chrono::steady_clock::now();
     int64_t error[2] = {0, 0};
-    if (kernel.kind == KernelKind::Matmul) run_matmul(kernel, ptrs.data());
-    else if (kernel.kind == KernelKind::Conv) run_conv(kernel, ptrs.data());
-    else plan.fns[k](ptrs.data(), scalars.data(), int_scalars.data(), error);
+    if (kernel.kind == KernelKind::Matmul) {
+      run_matmul(kernel, ptrs.data(), device);
+    } else if (kernel.kind == KernelKind::Conv) {
+      run_conv(kernel, ptrs.data(), device);
+    } else if (device.is_cuda()) {
+      // cudaLaunchKernel takes a pointer to each argument: the buffers, then sc, isc, err.
+      values.clear();
+      for (const KernelBuffer& b : kernel.buffers) values.push_back(ptrs[b.slot]);
+      auto mine = std::find(plan.fallible.begin(), plan.fallible.end(), static_cast<int>(k));
+      int64_t* err = on_device.err + 2 * (mine == plan.fallible.end() ? 0 : mine - plan.fallible.begin());
+      values.insert(values.end(), {const_cast<double*>(on_device.sc), const_cast<int64_t*>(on_device.isc), err});
+      args.clear();
+      for (void*& v : values) args.push_back(&v);
+      plan.cuda->launch(k, args.data());
+    } else {
+      plan.fns[k](ptrs.data(), scalars.data(), int_scalars.data(), error);
+    }
     stats().kernels_run++;
+    if (device.is_cuda() && !plan.fallible.empty() && static_cast<int>(k) == plan.fallible.back())
+      check_device_errors(plan, on_device);
     if (flags().log >= 2 || memory::tracing()) {
+      if (device.is_cuda()) cuda::synchronize(device.index);  // the kernel's time, not its launch's
       double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
       if (flags().log >= 2) fmt::print(stderr, "[kiln]   {:<10} {:>9.1f} us  {}\n", kernel.name, us, kernel.summary);
       if (memory::tracing())
@@ -332,7 +406,11 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
                "index {} is out of range in kernel `{}`; indices must lie in [0, size) of the indexed dimension",
                error[0], kernel.summary);
     if (poison)  // dead buffers read as NaN: a use after free shows up in the results
-      for (auto [offset, bytes] : plan.dies_after[k]) std::memset(static_cast<char*>(arena->data) + offset, 0xff, bytes);
+      for (auto [offset, bytes] : plan.dies_after[k]) {
+        char* p = static_cast<char*>(arena->data) + offset;
+        if (device.is_cuda()) cuda::fill_bytes(device.index, p, 0xff, static_cast<size_t>(bytes));
+        else std::memset(p, 0xff, static_cast<size_t>(bytes));
+      }
   }
   // Commit only after every kernel succeeded: a failed run leaves all tensors as they were.
   for (size_t i = 0; i < s.slots.size(); ++i) {
@@ -354,19 +432,29 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
 }  // namespace
 
 void realize(const std::vector<NodePtr>& targets) {
+  // One plan per device: targets on several devices run as one graph each.
+  for (const NodePtr& t : targets)
+    if (t && t->device != targets.front()->device) {
+      std::vector<NodePtr> here, elsewhere;
+      for (const NodePtr& u : targets) (u->device == targets.front()->device ? here : elsewhere).push_back(u);
+      realize(here);
+      return realize(elsewhere);
+    }
   std::lock_guard<std::mutex> lock(g_mutex);
   PendingGraph graph = collect_pending(targets);
   if (graph.nodes.empty()) return;
+  const Device device = graph.nodes.front()->device;
   for (const NodePtr& n : graph.nodes)
-    KILN_CHECK(n->device.is_cpu(), op_name(n->op), "{} on {}: running ops on CUDA tensors is not built yet (kernels "
-               "render and compile for CUDA; launching them comes next); copy to the cpu with .to(Device::cpu())",
-               shape_str(n->shape), n->device.str());
+    KILN_CHECK(n->device == device, op_name(n->op), "{} on {} depends on pending work on {}; move tensors with .to() "
+               "before combining them", shape_str(n->shape), n->device.str(), device.str());
   if (!flags().memory_budget.empty()) fit_memory_budget(targets, graph);
+  // The same graph on another device is another plan.
+  const std::string key = device.is_cpu() ? graph.key : device.str() + '\n' + graph.key;
   Plan* plan = nullptr;
   std::unique_ptr<Plan> uncached;
   bool hit = false;
   if (flags().plan_cache) {
-    auto it = g_plans.find(graph.key);
+    auto it = g_plans.find(key);
     if (it != g_plans.end()) {
       plan = it->second.get();
       hit = true;
@@ -374,7 +462,7 @@ void realize(const std::vector<NodePtr>& targets) {
     }
   }
   if (!plan) {
-    uncached = build_plan(graph);
+    uncached = build_plan(graph, device);
     plan = uncached.get();
   }
   if (flags().log >= 1)
@@ -384,7 +472,7 @@ void realize(const std::vector<NodePtr>& targets) {
     for (const Kernel& k : plan->schedule.kernels) fmt::print(stderr, "[kiln]   {:<10} {}\n", k.name, k.summary);
   memory::note_plan_run(plan->info);
   run_plan(*plan, graph);
-  if (uncached && flags().plan_cache) g_plans.emplace(graph.key, std::move(uncached));
+  if (uncached && flags().plan_cache) g_plans.emplace(key, std::move(uncached));
 }
 
 Schedule schedule_for(const std::vector<NodePtr>& targets) {

@@ -62,9 +62,9 @@ class CudaKernelRenderer {
 
 std::string CudaKernelRenderer::signature(const std::string& function) const {
   std::string s = fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}(", kThreads, function);
-  for (size_t b = 0; b < k_.buffers.size(); ++b)
-    s += fmt::format("{}{}* {}, ", b == 0 ? "" : "const ", storage_type(k_.buffers[b].dtype), values_.buf(static_cast<int>(b)));
-  s += "const double* sc, const int64_t* isc, int64_t* err) {\n";
+  const std::vector<std::string> types = cuda_parameter_types(k_);
+  for (size_t b = 0; b < k_.buffers.size(); ++b) s += fmt::format("{} {}, ", types[b], values_.buf(static_cast<int>(b)));
+  s += fmt::format("{} sc, {} isc, {} err) {{\n", types[types.size() - 3], types[types.size() - 2], types.back());
   for (const Expr& e : k_.exprs)
     if (e.kind == Expr::Kind::Scalar)
       s += fmt::format("  const {} s{} = ({})sc[{}];\n", compute_type(e.dtype), e.slot, compute_type(e.dtype), e.slot);
@@ -218,13 +218,21 @@ std::vector<CudaLaunch> CudaKernelRenderer::render(std::string& out) {
 
 }  // namespace
 
+std::vector<std::string> cuda_parameter_types(const Kernel& k) {
+  std::vector<std::string> types;
+  for (size_t b = 0; b < k.buffers.size(); ++b)
+    types.push_back(fmt::format("{}{}*", b == 0 ? "" : "const ", storage_type(k.buffers[b].dtype)));
+  types.insert(types.end(), {"const double*", "const int64_t*", "int64_t*"});
+  return types;
+}
+
 CudaSource render_cuda(const std::vector<Kernel>& kernels) {
   CudaSource result;
-  result.source = std::string(kCudaPrelude) + kRandomPrelude;
   for (const Kernel& k : kernels) {
-    result.launches.push_back(CudaKernelRenderer(k).render(result.source));
+    result.launches.push_back(CudaKernelRenderer(k).render(result.functions));
     result.function_count += static_cast<int>(result.launches.back().size());
   }
+  result.source = std::string(kCudaTypes) + kCudaPrelude + kRandomPrelude + result.functions;
   return result;
 }
 

@@ -29,12 +29,17 @@ struct CudaLaunch {
 };
 
 struct CudaSource {
-  std::string source;                            // prelude + every function
+  std::string source;                            // prelude + every function, for NVRTC
+  std::string functions;                         // the functions alone (the emulator's prelude differs)
   std::vector<std::vector<CudaLaunch>> launches;  // per kernel of the plan; empty for library kernels
   int function_count = 0;
 };
 
 // Source of all JIT kernels (not Matmul or Conv) of a plan.
 CudaSource render_cuda(const std::vector<Kernel>& kernels);
+
+// The parameter types every function of kernel `k` takes, in order ("float*", "const kiln_half*",
+// ..., "const double*", "const int64_t*", "int64_t*").
+std::vector<std::string> cuda_parameter_types(const Kernel& k);
 
 }  // namespace kiln::jit

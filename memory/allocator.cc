@@ -14,6 +14,7 @@
 namespace kiln::memory {
 
 Allocator::~Allocator() = default;
+void Allocator::fill(void* p, int value, size_t bytes) { std::memset(p, value, bytes); }
 
 namespace {
 
@@ -88,6 +89,13 @@ class CudaAllocator final : public Allocator {
   void* allocate(size_t bytes) override { return cuda::device_malloc(index_, bytes); }
   void release(void* p, size_t) override { cuda::device_free(index_, p); }
   const char* name() const override { return "cuda"; }
+  // Runs inside Storage destructors: a failed poisoning (a debugging aid) must not throw.
+  void fill(void* p, int value, size_t bytes) override {
+    try {
+      cuda::fill_bytes(index_, p, value, bytes);
+    } catch (const Error&) {
+    }
+  }
 
  private:
   int index_;

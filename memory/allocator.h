@@ -25,6 +25,9 @@ struct Allocator {
   virtual void* allocate(size_t bytes) = 0;
   virtual void release(void* p, size_t bytes) = 0;
   virtual const char* name() const = 0;
+  // Sets every byte of [p, p + bytes), memory this allocator returned, to `value`: how
+  // KILN_DEBUG_MEMORY poisons freed blocks (host memory by memset, device memory on its stream).
+  virtual void fill(void* p, int value, size_t bytes);
   virtual ~Allocator();
 };
 

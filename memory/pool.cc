@@ -217,7 +217,7 @@ void Pool::release(void* p) {
   }
   Block* b = it->second;
   s.live.erase(it);
-  if (flags().debug_memory) std::memset(b->ptr, 0xFF, b->size);  // NaN as float, bf16 and fp16
+  if (flags().debug_memory) s.underlying.fill(b->ptr, 0xFF, b->size);  // NaN as float, bf16 and fp16
   sub(s.stats.requested, static_cast<int64_t>(b->requested));
   sub(s.stats.allocated, static_cast<int64_t>(round_up(std::max<size_t>(b->requested, 1), kRound)));
   sub(s.stats.active, static_cast<int64_t>(b->size));

@@ -1,6 +1,6 @@
 // conv2d of the user API: argument checks, then oneDNN's primitive where it has the dtype and an
 // unfold + matmul composite elsewhere.
-#include "ops/conv_onednn.h"
+#include "ops/library.h"
 #include "ops/ops.h"
 #include "ops/primitive.h"
 
@@ -38,7 +38,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight, const Tensor& bias, std:
              dtype_name(weight.dtype()));
   Tensor x = x_in.dim() == 3 ? unsqueeze(x_in, 0) : x_in;
   std::vector<int64_t> conv{stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1], groups};
-  Tensor y = onednn::supports_conv(x.dtype())
+  Tensor y = library_conv(x.device(), x.dtype())
                  ? prim::conv2d(x, weight, conv)
                  : conv2d_unfolded(x, weight, conv, prim::conv2d_output_shape(x.shape(), weight.shape(), conv));
   if (bias.defined()) {

@@ -53,8 +53,8 @@ Tensor full(Shape shape, double value, DType dtype) {
 }
 Tensor zeros(Shape shape, DType dtype) { return full(std::move(shape), 0.0, dtype); }
 Tensor ones(Shape shape, DType dtype) { return full(std::move(shape), 1.0, dtype); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype()); }
-Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype()); }
+Tensor zeros_like(const Tensor& t) { return prim::follow(zeros(t.shape(), t.dtype()), t.device()); }
+Tensor ones_like(const Tensor& t) { return prim::follow(ones(t.shape(), t.dtype()), t.device()); }
 Tensor scalar(double value, DType dtype) { return full({}, value, dtype); }
 
 Tensor iota(Shape shape, int64_t axis, DType dtype) {

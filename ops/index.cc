@@ -1,5 +1,5 @@
 // Reindexing (gather, scatter_add, index_select, one_hot) and matmul of the user API.
-#include "ops/matmul_onednn.h"
+#include "ops/library.h"
 #include "ops/ops.h"
 #include "ops/primitive.h"
 
@@ -52,8 +52,8 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   out_shape.push_back(N);
 
   Tensor out;
-  if (!onednn::supports_matmul(t)) {
-    // No library kernel for this dtype (float64, float16 on CPU): a fused multiply-reduce.
+  if (!library_matmul(a.device(), t)) {
+    // No library kernel for this dtype here (float64, float16 on the CPU): a fused multiply-reduce.
     Shape full_a = batch, full_b = batch;
     full_a.insert(full_a.end(), {M, K, 1});
     full_b.insert(full_b.end(), {1, K, N});

@@ -17,7 +17,48 @@ Tensor finish(Tensor t) {
   return t;
 }
 
+namespace {
+
+// A pending node computed from generators alone (full, iota, rand, and ops on them) holds no
+// data: recorded again on another device it gives the same values there (Philox counters
+// included). Such inputs follow the device of the tensors they meet, as a PyTorch composite
+// passes device=x.device to its factory calls; anything else on the wrong device is an error.
+bool generated_only(const Node& n, int depth = 0) {
+  if (n.realized() || n.requires_grad || n.segment || depth > 16) return false;
+  if (n.inputs.empty()) return n.op == Op::Full || n.op == Op::Iota || n.op == Op::RandUniform || n.op == Op::RandNormal;
+  return std::all_of(n.inputs.begin(), n.inputs.end(), [&](const NodePtr& in) { return generated_only(*in, depth + 1); });
+}
+
+NodePtr regenerate_on(const NodePtr& n, Device device) {
+  auto copy = std::make_shared<Node>(*n);
+  copy->id = Node::next_id();
+  copy->held = 0;
+  copy->var.reset();
+  copy->replaces.reset();
+  copy->device = device;
+  for (NodePtr& in : copy->inputs) in = regenerate_on(in, device);
+  return copy;
+}
+
+}  // namespace
+
+Tensor follow(const Tensor& t, Device device) {
+  if (t.device() == device) return t;
+  return generated_only(*t.node()) ? Tensor(regenerate_on(t.node(), device)) : t.to(device);
+}
+
 Tensor record(Op op, DType dtype, Shape shape, std::vector<Tensor> inputs, std::vector<int64_t> ints) {
+  if (inputs.size() > 1) {
+    Device device = inputs[0].device();
+    bool mixed = false;
+    for (const Tensor& in : inputs) mixed |= in.device() != device;
+    if (mixed) {
+      for (const Tensor& in : inputs)
+        if (!generated_only(*in.node())) device = in.device();
+      for (Tensor& in : inputs)
+        if (generated_only(*in.node())) in = follow(in, device);
+    }
+  }
   auto node = std::make_shared<Node>();
   node->op = op;
   node->dtype = dtype;
@@ -31,8 +72,9 @@ Tensor record(Op op, DType dtype, Shape shape, std::vector<Tensor> inputs, std::
   for (size_t i = 0; i < inputs.size(); ++i) {
     const NodePtr& in = inputs[i].node();
     if (i > 0)
-      KILN_CHECK(in->device == inputs[0].device(), op_name(op), "inputs on different devices ({} and {}); "
-                 "move them with .to() first", inputs[0].device().str(), in->device.str());
+      KILN_CHECK(in->device == inputs[0].device(), op_name(op), "inputs on different devices: {} {} on {} and {} {} "
+                 "on {}; move them with .to() first", shape_str(inputs[0].shape()), op_name(inputs[0].node()->op),
+                 inputs[0].device().str(), shape_str(in->shape), op_name(in->op), in->device.str());
     node->device = in->device;
     needs_grad |= in->requires_grad;
     node->inputs.push_back(in);

@@ -15,6 +15,10 @@ Tensor finish(Tensor t);
 
 Tensor full(Shape shape, double value, DType dtype);
 Tensor iota(Shape shape, int64_t axis, DType dtype);
+// `t` on `device`: recorded again there when it is computed from generators alone (full, iota,
+// rand: no data to copy), else copied with to(). Composites and record() use it so that the
+// constants they make follow the device of the tensors they meet.
+Tensor follow(const Tensor& t, Device device);
 Tensor rand(Op op, Shape shape, DType dtype);  // RandUniform or RandNormal
 
 Tensor unary(Op op, const Tensor& a);

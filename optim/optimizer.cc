@@ -71,7 +71,7 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra) {
         auto& slot = state_[g][i].tensors[name];
         if (slot.defined()) continue;  // loaded from a checkpoint
         const Tensor& p = group_params(g)[i];
-        slot = zeros(p.shape(), p.dtype());
+        slot = zeros_like(p);  // on p's device
         fresh.push_back(slot);
       }
     }

@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # The GPU check, one command: builds kiln with CUDA, runs the whole test suite (the device tests
-# run instead of skipping), and writes logs and a summary table into OUT_DIR.
+# run instead of skipping), then the GPU benchmarks (bench/pytorch_cuda.py for PyTorch's figures,
+# then bench/bench_cuda against them), and writes logs and a summary table into OUT_DIR.
 #
 #   bash tests/gpu/fetch_deps.sh                 # first, where Debian's archive is reachable
 #   bash tests/gpu/run.sh OUT_DIR                # then on the GPU machine (tests/gpu/debs carried)
+#   KILN_GPU_DEPS=debs KILN_CUDA_EMULATOR=1 KILN_GPU_BENCH_SCALE=0.0001 bash tests/gpu/run.sh OUT_DIR
+#                                                # the same without a GPU: cuda:0 is the emulator
 #
 # Build dependencies: the system's packages when CMake finds them; otherwise (the GPU image has
 # none of them and can install nothing) the .deb files in tests/gpu/debs, unpacked into a private
 # prefix. KILN_GPU_DEPS=debs forces the prefix (to check that path on a machine that has them).
-# What exists so far is discovery, device memory, copies, and CUDA kernels compiled by NVRTC for
-# the present GPU; launching kernels (and so the CUDA op comparisons and the GPU benchmarks of
-# issue 5) comes next, and the summary says so.
+#
+# Benchmarks: KILN_GPU_BENCH_SCALE (default 1: the issue's sizes) and KILN_GPU_BENCH_REPS
+# (default 20) are passed to both programs as --scale and --reps; KILN_GPU_BENCH=0 skips them,
+# KILN_GPU_TESTS=0 skips the test suite (to rerun the benchmarks alone in a short slot). Every
+# step that fails or times out (PyTorch 120 s, bench_cuda 180 s) gets a row saying so; the exit
+# status is the test suite's alone.
 set -uo pipefail
 OUT=${1:?usage: bash tests/gpu/run.sh OUT_DIR}
 mkdir -p "$OUT"
@@ -69,15 +75,87 @@ else
 fi
 
 # 4. The whole suite (device tests included), then the CUDA cases alone, verbosely.
-ctest --test-dir "$BUILD" -j"$JOBS" --output-on-failure > "$OUT/tests.log" 2>&1
-tests_rc=$?
-row "test suite" "$(grep -aE 'tests passed' "$OUT/tests.log" | tail -1)"
-KILN_CACHE_DIR="$BUILD/kernel-cache" "$BUILD/tests/kiln_tests" "[cuda]" --success > "$OUT/cuda_tests.log" 2>&1
-cuda_rc=$?
-row "[cuda] cases" "$(grep -aE '^(All tests passed|test cases:)' "$OUT/cuda_tests.log" | tail -1)"
-row "NVRTC" "$(grep -ao 'NVRTC [0-9.]*: [0-9]* kernels[^;]*' "$OUT/cuda_tests.log" | head -1)"
-row "device cases skipped for want of a GPU" "$(grep -ac 'SKIPPED: no CUDA' "$OUT/cuda_tests.log") (0 expected on a GPU)"
-row "CUDA ops and GPU benchmarks" "not built yet: the executor does not launch CUDA kernels"
+tests_rc=0 cuda_rc=0
+if [[ ${KILN_GPU_TESTS:-1} == 0 ]]; then
+  row "test suite" "skipped (KILN_GPU_TESTS=0)"
+else
+  ctest --test-dir "$BUILD" -j"$JOBS" --output-on-failure > "$OUT/tests.log" 2>&1
+  tests_rc=$?
+  row "test suite" "$(grep -aE 'tests passed' "$OUT/tests.log" | tail -1)"
+  KILN_CACHE_DIR="$BUILD/kernel-cache" "$BUILD/tests/kiln_tests" "[cuda]" --success > "$OUT/cuda_tests.log" 2>&1
+  cuda_rc=$?
+  row "[cuda] cases" "$(grep -aE '^(All tests passed|test cases:)' "$OUT/cuda_tests.log" | tail -1)"
+  row "NVRTC" "$(grep -ao 'NVRTC [0-9.]*: [0-9]* kernels[^;]*' "$OUT/cuda_tests.log" | head -1)"
+  row "device cases skipped for want of a GPU" "$(grep -ac 'SKIPPED: no CUDA' "$OUT/cuda_tests.log") (0 expected on a GPU)"
+fi
+
+# 5. GPU benchmarks. bench_cuda is built into the same tree (only its own file compiles; Google
+# Benchmark stays optional). PyTorch runs first, in its own process, so that bench_cuda can print
+# the kiln/PyTorch ratios; each program is killed at its time limit and leaves a row either way.
+# "What happened" for an exit status: timeout(1) answers 124 (137 after its KILL).
+outcome() {
+  case $1 in
+    0) echo "ok" ;;
+    124|137) echo "TIMED OUT after $2 s" ;;
+    *) echo "FAILED (exit $1)" ;;
+  esac
+}
+# One summary row per figure of bench_cuda.json, as "name<TAB>text" lines.
+bench_rows() {
+  python3 - "$1" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+def num(v):
+    return "-" if v is None else f"{v:.0f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
+for f in d["figures"]:
+    if f["error"]:
+        text = "ERROR: " + f["error"][:300]
+    else:
+        text = f"{num(f['value'])} {f['unit']}"
+        if f["baseline"] is not None:
+            text += f" vs {f['baseline_name']} {num(f['baseline'])} = {f['ratio']:.2f}x"
+        text += f" (target >= {f['target']:.2f}x): {f['result']}"
+        if f["pytorch"] is not None and f["baseline_name"] != "PyTorch":
+            text += f"; PyTorch {num(f['pytorch'])}"
+        if f["note"]:
+            text += f"; {f['note']}"
+    print(f"bench: {f['name']}\t{text}")
+if not d.get("complete", True):
+    print("bench: incomplete\tthe run stopped before its last figure (bench_cuda.log)")
+PY
+}
+if [[ ${KILN_GPU_BENCH:-1} == 0 ]]; then
+  row "GPU benchmarks" "skipped (KILN_GPU_BENCH=0)"
+else
+  SCALE=${KILN_GPU_BENCH_SCALE:-1}
+  REPS=${KILN_GPU_BENCH_REPS:-20}
+  if cmake -S . -B "$BUILD" -DKILN_BUILD_BENCH=ON > "$OUT/bench_build.log" 2>&1 &&
+     cmake --build "$BUILD" -j"$JOBS" --target bench_cuda >> "$OUT/bench_build.log" 2>&1; then
+    row "bench_cuda build" "ok"
+  else
+    row "bench_cuda build" "FAILED (bench_build.log)"
+  fi
+
+  rm -f "$OUT/pytorch_cuda.json" "$OUT/bench_cuda.json"
+  timeout -k 10 120 python3 -u bench/pytorch_cuda.py --scale "$SCALE" --reps "$REPS" --json "$OUT/pytorch_cuda.json" \
+    > "$OUT/pytorch_cuda.log" 2>&1
+  torch_rc=$?
+  row "PyTorch side (pytorch_cuda.py)" "$(outcome $torch_rc 120): $(grep -aE '^(PyTorch |pytorch_cuda: )' "$OUT/pytorch_cuda.log" | head -1 | cut -c1-200)"
+
+  if [[ -x $BUILD/bench/bench_cuda ]]; then
+    KILN_CACHE_DIR="$BUILD/kernel-cache" timeout -k 10 180 "$BUILD/bench/bench_cuda" --scale "$SCALE" --reps "$REPS" \
+      --json "$OUT/bench_cuda.json" --pytorch-json "$OUT/pytorch_cuda.json" > "$OUT/bench_cuda.log" 2>&1
+    bench_rc=$?
+    row "bench_cuda" "$(outcome $bench_rc 180): $(grep -aE '^bench_cuda' "$OUT/bench_cuda.log" | head -1 | cut -c1-200)"
+    if [[ -f $OUT/bench_cuda.json ]] && bench_rows "$OUT/bench_cuda.json" > "$OUT/bench_rows.txt" 2>> "$OUT/bench_cuda.log"; then
+      while IFS=$'\t' read -r name text; do row "$name" "$text"; done < "$OUT/bench_rows.txt"
+    else
+      row "bench figures" "none readable (bench_cuda.log)"
+    fi
+  else
+    row "bench_cuda" "not run: not built"
+  fi
+fi
 row "time" "$(( $(date +%s) - START )) s"
 
 printf '%s\n' "| check | result |" "|---|---|" "${summary[@]}" | tee "$OUT/summary.md"

@@ -1,0 +1,49 @@
+// The JIT kernels of one plan, ready to launch on one CUDA device: rendered (jit/render_cuda.h),
+// compiled by NVRTC for the device's architecture (jit/nvrtc.h) and loaded through the CUDA
+// runtime's library API (no libcuda link), or built for the host emulator (jit/cuda_emulator.h)
+// when cuda::emulated(). Launches are queued on cuda::stream(device).
+//
+//   CudaKernels kernels(schedule.kernels, 0);
+//   void* args[] = {&out, &in, &sc, &isc, &err};  // pointers to device pointers, in the
+//   kernels.launch(k, args);                      // order of cuda_parameter_types(kernel k)
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "jit/compiler.h"
+#include "jit/kernel_ir.h"
+#include "jit/nvrtc.h"
+#include "jit/render_cuda.h"
+
+namespace kiln::jit {
+
+class CudaKernels {
+ public:
+  // Renders, compiles (or finds in the caches) and loads the JIT kernels among `kernels`.
+  CudaKernels(const std::vector<Kernel>& kernels, int device);
+  ~CudaKernels();
+  CudaKernels(const CudaKernels&) = delete;
+  CudaKernels& operator=(const CudaKernels&) = delete;
+
+  // Queues every function of kernel `k` in order; `args` as for cudaLaunchKernel.
+  void launch(size_t k, void** args) const;
+  int function_count() const { return source_.function_count; }
+
+ private:
+  struct Function {
+    CudaLaunch launch;
+    const void* handle = nullptr;  // cudaKernel_t, or the emulator's Entry
+  };
+  int device_;
+  CudaSource source_;
+  std::vector<std::vector<Function>> functions_;  // per kernel
+  std::shared_ptr<const Cubin> cubin_;            // a GPU's
+  void* library_ = nullptr;                       // its cudaLibrary_t
+  std::shared_ptr<CompiledModule> host_module_;   // the emulator's
+};
+
+// "sm_90" for a device of compute capability 9.0.
+std::string cuda_arch(int device);
+
+}  // namespace kiln::jit

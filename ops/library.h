@@ -1,0 +1,15 @@
+// Where matmul and convolution run as library kernels: oneDNN on the CPU (and on the CUDA
+// emulator, whose memory is the host's), cuBLASLt and cuDNN on a GPU. Elsewhere (float64 on the
+// CPU, for instance) the ops build them from primitives.
+//
+//   if (kiln::library_matmul(a.device(), t)) out = prim::matmul(a3, b3);
+#pragma once
+#include "core/device.h"
+#include "core/dtype.h"
+
+namespace kiln {
+
+bool library_matmul(Device device, DType t);
+bool library_conv(Device device, DType t);
+
+}  // namespace kiln

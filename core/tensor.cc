@@ -44,8 +44,17 @@ const void* Tensor::data() const {
   return node()->storage->data;
 }
 
+namespace {
+// A host copy of a device tensor's value. The tensor itself is realized first: reading a value
+// realizes the tensor, as on the CPU (a detached copy alone would leave it pending).
+Tensor host_copy(const Tensor& t) {
+  if (!t.is_realized()) sync({t});
+  return t.detach().to(Device::cpu());
+}
+}  // namespace
+
 std::vector<double> Tensor::to_doubles() const {
-  if (!device().is_cpu()) return detach().to(Device::cpu()).to_doubles();
+  if (!device().is_cpu()) return host_copy(*this).to_doubles();
   const void* p = data();
   std::vector<double> out(numel());
   for (size_t i = 0; i < out.size(); ++i) out[i] = load_as_double(p, dtype(), i);
@@ -54,7 +63,7 @@ std::vector<double> Tensor::to_doubles() const {
 
 template <typename T> std::vector<T> Tensor::to_vector() const {
   constexpr DType want = dtype_of<T>();
-  if (!device().is_cpu()) return detach().to(Device::cpu()).template to_vector<T>();
+  if (!device().is_cpu()) return host_copy(*this).template to_vector<T>();
   if (dtype() != want) return kiln::cast(*this, want).template to_vector<T>();
   const T* p = static_cast<const T*>(data());
   return std::vector<T>(p, p + numel());
@@ -69,7 +78,7 @@ template std::vector<bool> Tensor::to_vector<bool>() const;
 
 double Tensor::item() const {
   KILN_CHECK(numel() == 1, "item", "tensor {} has {} elements; item() needs exactly one", shape_str(shape()), numel());
-  if (!device().is_cpu()) return detach().to(Device::cpu()).item();
+  if (!device().is_cpu()) return host_copy(*this).item();
   return load_as_double(data(), dtype(), 0);
 }
 

@@ -143,8 +143,8 @@ void CudaKernelRenderer::row_reduce(std::string& out, std::vector<CudaLaunch>& l
   out += fmt::format("    acc = kiln_block_fold<{}>(acc, scratch);\n", is_sum ? "true" : "false");
   out += fmt::format("    if (threadIdx.x == 0) {}\n  }}\n}}\n", store);
   // Short rows leave no thread idle: a block of the row's length rounded up to whole warps.
-  const int threads = static_cast<int>(std::min<int64_t>(kThreads, (extent + 31) / 32 * 32));
-  launches.push_back({k_.name, std::min(outer, kMaxBlocks), threads});
+  const int threads = static_cast<int>(std::clamp<int64_t>((extent + 31) / 32 * 32, 32, kThreads));
+  launches.push_back({k_.name, std::clamp<int64_t>(outer, 1, kMaxBlocks), threads});
 }
 
 // Columns: loops `o` (parallel), the reduce loops, then `i` (the contiguous last axis). A block
@@ -174,7 +174,7 @@ void CudaKernelRenderer::column_reduce(std::string& out, std::vector<CudaLaunch>
   out += fmt::format("      for (int w = 1; w < {}; ++w) {}\n", kColumnWarps, combine("acc", "scratch[w][lane]"));
   out += fmt::format("      {}[{}] = {};\n    }}\n", values_.buf(0), values_.idx(k_.store_index), store_value(out_t, "acc"));
   out += "    __syncthreads();\n  }\n}\n";
-  launches.push_back({k_.name, std::min(tiles, kMaxBlocks), kThreads});
+  launches.push_back({k_.name, std::clamp<int64_t>(tiles, 1, kMaxBlocks), kThreads});
 }
 
 // Two functions: <name>_zero clears the output, then <name> adds every value at its index.

@@ -138,6 +138,9 @@ void save_tensors(const TensorMap& tensors, const std::string& path, const Metad
     all.push_back(t);
   }
   sync(all);  // one plan realizes every pending value
+  // Bytes are written from host memory: device tensors are copied back first.
+  std::vector<Tensor> host;
+  for (const Tensor& t : all) host.push_back(t.device().is_cpu() ? t : t.detach().to(Device::cpu()));
   size_t offset = 0;
   for (const auto& [name, t] : tensors) {
     size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
@@ -157,7 +160,7 @@ void save_tensors(const TensorMap& tensors, const std::string& path, const Metad
     KILN_CHECK(out.good(), "save", "cannot write '{}'", tmp);
     out.write(reinterpret_cast<const char*>(&header_len), 8);
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const auto& [name, t] : tensors)
+    for (const Tensor& t : host)
       if (t.numel() > 0)
         out.write(static_cast<const char*>(t.data()), static_cast<std::streamsize>(t.numel() * dtype_size(t.dtype())));
     out.flush();
@@ -220,7 +223,7 @@ void load(Module& module, const std::string& path, bool strict) {
     loaded.push_back(tensor_from_bytes(file.data() + data_start + e.begin, e.dtype, e.shape));
   }
   NoGradGuard no_grad;
-  for (size_t i = 0; i < state.size(); ++i) state[i].second.assign(loaded[i]);
+  for (size_t i = 0; i < state.size(); ++i) state[i].second.assign(loaded[i].to(state[i].second.device()));
   std::vector<Tensor> targets;
   for (auto& [_, t] : state) targets.push_back(t);
   sync(targets);

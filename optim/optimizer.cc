@@ -142,7 +142,8 @@ void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
     const Tensor& p = group_params(g)[i];
     KILN_CHECK(value.shape() == p.shape(), "optim::load_state", "`{}` is {} but its parameter is {}", key,
                value.str(), p.str());
-    loaded[g][i].tensors[name] = value.dtype() == p.dtype() ? value.detach() : value.cast(p.dtype());
+    Tensor v = value.dtype() == p.dtype() ? value.detach() : value.cast(p.dtype()).detach();
+    loaded[g][i].tensors[name] = v.to(p.device());  // state lives with its parameter
   }
   // A parameter's state comes whole: its update count and every state tensor, or nothing.
   std::set<std::pair<size_t, size_t>> with_step;

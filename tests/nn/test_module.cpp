@@ -2,6 +2,8 @@
 #include <catch2/catch.hpp>
 #include <kiln/kiln.h>
 
+#include "memory/cuda_runtime.h"
+
 using namespace kiln;
 
 namespace {
@@ -77,10 +79,10 @@ TEST_CASE("train and eval apply recursively", "[nn]") {
   CHECK(net.block.fc.is_training());
 }
 
-TEST_CASE("module to(device) accepts the cpu only", "[nn]") {
+TEST_CASE("module to(device) accepts the cpu and refuses a device that is not there", "[nn]") {
   Net net;
   CHECK_NOTHROW(net.to(Device::cpu()));
-  CHECK_THROWS_AS(net.to(Device::cuda(0)), Error);
+  CHECK_THROWS_AS(net.to(Device::cuda(cuda::device_count())), Error);
 }
 
 TEST_CASE("module printing shows the tree with parameter counts", "[nn]") {

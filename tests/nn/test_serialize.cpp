@@ -31,7 +31,8 @@ struct Model : nn::Module {
 // The raw bytes of every state tensor, by name.
 std::map<std::string, std::vector<char>> snapshot(const nn::Module& m) {
   std::map<std::string, std::vector<char>> out;
-  for (auto& [name, t] : m.state()) {
+  for (auto& [name, state] : m.state()) {
+    Tensor t = state.detach().to(Device::cpu());  // bytes on the host wherever the module lives
     const char* p = static_cast<const char*>(t.data());
     out[name] = std::vector<char>(p, p + t.numel() * dtype_size(t.dtype()));
   }

@@ -50,7 +50,8 @@ void train(Net& net, optim::Optimizer& opt, int first, int count) {
   }
 }
 
-std::vector<char> bytes_of(const Tensor& t) {
+std::vector<char> bytes_of(const Tensor& value) {
+  Tensor t = value.detach().to(Device::cpu());  // bytes on the host wherever the tensor lives
   const char* p = static_cast<const char*>(t.data());
   return {p, p + t.numel() * dtype_size(t.dtype())};
 }

@@ -93,20 +93,34 @@ std::string CudaKernelRenderer::unflatten_reduce(size_t first, size_t last, cons
   return s;
 }
 
-// One thread per output element; a second loop level is unflattened from the flat index.
+// A thread takes kUnroll elements a grid-stride apart per trip: it computes all of them (every
+// load issued) before it stores any, so each thread keeps kUnroll loads in flight. One load at
+// a time per thread leaves too few bytes in flight to cover DRAM latency on a big GPU, and the
+// compiler cannot hoist a later element's loads above an earlier store through pointers that
+// may alias. A second loop level is unflattened from the flat index.
 void CudaKernelRenderer::elementwise(std::string& out, std::vector<CudaLaunch>& launches) const {
-  out += signature(k_.name);
-  out += fmt::format("  for (int64_t t = {}) {{\n", fmt::format(fmt::runtime(kGridStride), k_.out_numel));
+  constexpr int kUnroll = 4;
+  const int64_t n = k_.out_numel;
+  std::string loop_vars;
   if (k_.loops.size() == 1) {
-    out += fmt::format("    const int64_t {} = t;\n", k_.loops[0].var);
+    loop_vars = fmt::format("const int64_t {} = t;", k_.loops[0].var);
   } else {
     const int64_t inner = k_.loops[1].extent;
-    out += fmt::format("    const int64_t {0} = t / {2}LL, {1} = t % {2}LL;\n", k_.loops[0].var, k_.loops[1].var, inner);
+    loop_vars = fmt::format("const int64_t {0} = t / {2}LL, {1} = t % {2}LL;", k_.loops[0].var, k_.loops[1].var, inner);
   }
-  values_.emit_values(out, "    ");
-  out += fmt::format("    {}[{}] = {};\n  }}\n}}\n", values_.buf(0), values_.idx(k_.store_index),
-                     store_value(k_.buffers[0].dtype, values_.v(k_.value)));
-  launches.push_back({k_.name, blocks_for(k_.out_numel, kThreads), kThreads});
+  const std::string element = fmt::format("      const int64_t t = first + u * stride;\n      if (t >= {}LL) break;\n      {}\n",
+                                          n, loop_vars);
+  out += signature(k_.name);
+  out += "  const int64_t stride = (int64_t)gridDim.x * blockDim.x;\n";
+  out += fmt::format("  for (int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; first < {}LL; "
+                     "first += {} * stride) {{\n", n, kUnroll);
+  out += fmt::format("    {} result[{}];\n", storage_type(k_.buffers[0].dtype), kUnroll);
+  out += fmt::format("#pragma unroll\n    for (int u = 0; u < {}; ++u) {{\n", kUnroll) + element;
+  values_.emit_values(out, "      ");
+  out += fmt::format("      result[u] = {};\n    }}\n", store_value(k_.buffers[0].dtype, values_.v(k_.value)));
+  out += fmt::format("#pragma unroll\n    for (int u = 0; u < {}; ++u) {{\n", kUnroll) + element;
+  out += fmt::format("      {}[{}] = result[u];\n    }}\n  }}\n}}\n", values_.buf(0), values_.idx(k_.store_index));
+  launches.push_back({k_.name, blocks_for(n, int64_t{kThreads} * kUnroll), kThreads});
 }
 
 // Rows: the parallel loop `o` (if any) over outputs, then the reduce loops. A block folds one

@@ -71,6 +71,8 @@ void CudaKernels::launch(size_t k, void** args) const {
       continue;
     }
 #if KILN_WITH_CUDA
+    // A cudaKernel_t launches in the current device's context.
+    check(cudaSetDevice(device_), fmt::format("cudaSetDevice({})", device_));
     const dim3 grid(static_cast<unsigned int>(f.launch.blocks)), block(static_cast<unsigned int>(f.launch.threads));
     check(cudaLaunchKernel(f.handle, grid, block, args, 0, static_cast<cudaStream_t>(cuda::stream(device_))),
           fmt::format("launching {} ({} x {})", f.launch.function, f.launch.blocks, f.launch.threads));

@@ -106,7 +106,8 @@ void plan_buffers(Plan& plan) {
 }
 
 std::mutex g_mutex;
-std::unordered_map<std::string, std::unique_ptr<Plan>> g_plans;
+// Never destroyed: a CUDA plan's kernels must not be unloaded after the CUDA runtime shut down.
+std::unordered_map<std::string, std::unique_ptr<Plan>>& g_plans = *new std::unordered_map<std::string, std::unique_ptr<Plan>>;
 
 // Kernels that check their input (an index out of range) and may end a run with an error.
 bool can_fail(const Kernel& k) {

@@ -91,6 +91,11 @@ std::string ValueRenderer::expr_text(const Expr& e) const {
         if (e.dtype == DType::Bool) return fmt::format("({} != 0)", a);
         if (e.dtype == DType::Float16) return fmt::format("kiln_round_h((float)({}))", a);
         if (e.dtype == DType::BFloat16) return fmt::format("kiln_round_bf((float)({}))", a);
+        // A float outside a byte type's range converts through int32 on both backends (wraps
+        // like x86 C casts; a GPU's direct float -> 8-bit conversion would clamp instead).
+        const DType from = k_.exprs[e.args[0]].dtype;
+        if ((e.dtype == DType::Int8 || e.dtype == DType::UInt8) && is_floating(from))
+          return fmt::format("({})(int32_t)({})", ct, a);
         return fmt::format("({})({})", ct, a);
       }
       // Comparisons are typed by their operands, not their bool result.

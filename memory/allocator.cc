@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -87,7 +88,15 @@ class CudaAllocator final : public Allocator {
  public:
   explicit CudaAllocator(int index) : index_(index) {}
   void* allocate(size_t bytes) override { return cuda::device_malloc(index_, bytes); }
-  void release(void* p, size_t) override { cuda::device_free(index_, p); }
+  // Runs inside Storage destructors, which must not throw: a failed cudaFree (the device
+  // already in an error state, or the runtime shutting down) is reported and the memory dropped.
+  void release(void* p, size_t bytes) override {
+    try {
+      cuda::device_free(index_, p, bytes);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "kiln: freeing device memory on cuda:%d failed: %s\n", index_, e.what());
+    }
+  }
   const char* name() const override { return "cuda"; }
   // Runs inside Storage destructors: a failed poisoning (a debugging aid) must not throw.
   void fill(void* p, int value, size_t bytes) override {

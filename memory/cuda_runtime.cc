@@ -2,6 +2,7 @@
 // them, and answers of "no device" when the build has no CUDA toolkit (KILN_WITH_CUDA=0).
 #include "memory/cuda_runtime.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -36,9 +37,10 @@ void fall_back_to_emulator(Discovery& d) {
   d.devices.push_back({"kiln CUDA emulator (host)", 9, 0, int64_t{1} << 34, 1});
 }
 
-// Asked once: the answer cannot change while the process runs.
+// Asked once: the answer cannot change while the process runs. Never destroyed: plans cached
+// in other static objects still ask about their device while the process exits.
 const Discovery& discovery() {
-  static const Discovery d = [] {
+  static const Discovery& d = *new Discovery([] {
     Discovery out;
 #if KILN_WITH_CUDA
     int n = 0;
@@ -69,7 +71,7 @@ const Discovery& discovery() {
     fall_back_to_emulator(out);
 #endif
     return out;
-  }();
+  }());
   return d;
 }
 
@@ -102,15 +104,27 @@ void check_device(Device device, std::string_view op) {
              "CUDA device(s)", device.str(), device_count());
 }
 
-// The emulator's device memory is host memory, aligned as cudaMalloc's (256 bytes).
+// The emulator's device memory is host memory, aligned as cudaMalloc's (256 bytes), and no more
+// than the emulated device's total_memory is handed out (as a GPU runs out, and so that a
+// huge request fails instead of being overcommitted by the host).
 namespace {
 constexpr size_t kEmulatorAlignment = 256;
-}
+std::atomic<int64_t> g_emulated_in_use{0};
+size_t emulated_size(size_t bytes) { return (bytes + kEmulatorAlignment - 1) / kEmulatorAlignment * kEmulatorAlignment; }
+}  // namespace
 
 void* device_malloc(int index, size_t bytes) {
   check_device(Device::cuda(index), "cuda::device_malloc");
-  if (emulated())
-    return std::aligned_alloc(kEmulatorAlignment, (bytes + kEmulatorAlignment - 1) / kEmulatorAlignment * kEmulatorAlignment);
+  if (emulated()) {
+    const auto size = static_cast<int64_t>(emulated_size(bytes));
+    if (g_emulated_in_use.fetch_add(size) + size > discovery().devices[0].total_memory) {
+      g_emulated_in_use -= size;
+      return nullptr;
+    }
+    void* p = std::aligned_alloc(kEmulatorAlignment, static_cast<size_t>(size));
+    if (!p) g_emulated_in_use -= size;
+    return p;
+  }
 #if KILN_WITH_CUDA
   use_device(index);
   void* p = nullptr;
@@ -126,13 +140,16 @@ void* device_malloc(int index, size_t bytes) {
 #endif
 }
 
-void device_free(int index, void* p) {
-  if (emulated()) return std::free(p);
+void device_free(int index, void* p, size_t bytes) {
+  if (emulated()) {
+    g_emulated_in_use -= static_cast<int64_t>(emulated_size(bytes));
+    return std::free(p);
+  }
 #if KILN_WITH_CUDA
   use_device(index);
   check(cudaFree(p), fmt::format("cudaFree on cuda:{}", index));
 #else
-  (void)p;
+  (void)p, (void)bytes;
   check_device(Device::cuda(index), "cuda::device_free");
 #endif
 }
@@ -142,8 +159,8 @@ void* stream(int index) {
   if (emulated()) return nullptr;
 #if KILN_WITH_CUDA
   // One non-blocking stream per device, never destroyed (storages freed at exit may still queue).
-  static std::mutex mutex;
-  static std::vector<cudaStream_t> streams(static_cast<size_t>(device_count()), nullptr);
+  static std::mutex& mutex = *new std::mutex;
+  static std::vector<cudaStream_t>& streams = *new std::vector<cudaStream_t>(static_cast<size_t>(device_count()), nullptr);
   std::lock_guard<std::mutex> lock(mutex);
   cudaStream_t& s = streams[static_cast<size_t>(index)];
   if (!s) {

@@ -46,7 +46,7 @@ void check_device(Device device, std::string_view op);
 // Raw device memory (cudaMalloc / cudaFree). allocate returns nullptr when the device is out of
 // memory; other failures throw.
 void* device_malloc(int index, size_t bytes);
-void device_free(int index, void* p);
+void device_free(int index, void* p, size_t bytes);
 
 // kiln's stream on device `index` (a cudaStream_t; nullptr for the emulator), created on first use.
 void* stream(int index);

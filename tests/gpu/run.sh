@@ -13,7 +13,8 @@
 # prefix. KILN_GPU_DEPS=debs forces the prefix (to check that path on a machine that has them).
 #
 # Benchmarks: KILN_GPU_BENCH_SCALE (default 1: the issue's sizes) and KILN_GPU_BENCH_REPS
-# (default 20) are passed to both programs as --scale and --reps; KILN_GPU_BENCH=0 skips them,
+# (default 20) are passed to both programs as --scale and --reps; KILN_GPU_PYTHON (default
+# python3) is the interpreter that imports torch; KILN_GPU_BENCH=0 skips the benchmarks,
 # KILN_GPU_TESTS=0 skips the test suite (to rerun the benchmarks alone in a short slot). Every
 # step that fails or times out (PyTorch 120 s, bench_cuda 180 s) gets a row saying so; the exit
 # status is the test suite's alone.
@@ -26,14 +27,22 @@ START=$(date +%s)
 JOBS=$(nproc)
 BUILD=build-gpu
 summary=()
-row() { summary+=("| $1 | $2 |"); }
+# What comes back from the GPU machine is at most 8 files: the summary (rewritten at every row,
+# so a run cut short still reports what it got) and one archive of every log.
+SUMMARY="$OUT/summary.md"
+LOGS=$(mktemp -d /tmp/kiln-gpu-logs.XXXXXX)
+row() {
+  summary+=("| $1 | $2 |")
+  printf '%s\n' "| check | result |" "|---|---|" "${summary[@]}" > "$SUMMARY"
+  tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
+}
 
 # 1. The machine.
 if command -v nvidia-smi >/dev/null 2>&1; then
-  nvidia-smi > "$OUT/gpu.txt" 2>&1
+  nvidia-smi > "$LOGS/gpu.txt" 2>&1
   row "GPU" "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
 else
-  echo "nvidia-smi not found" > "$OUT/gpu.txt"
+  echo "nvidia-smi not found" > "$LOGS/gpu.txt"
   row "GPU" "none (nvidia-smi not found)"
 fi
 
@@ -47,7 +56,7 @@ fi
 if [[ $use_debs == debs ]]; then
   if ! ls tests/gpu/debs/*.deb >/dev/null 2>&1; then
     row "result" "FAILED: no build dependencies (run tests/gpu/fetch_deps.sh and carry tests/gpu/debs)"
-    printf '%s\n' "| check | result |" "|---|---|" "${summary[@]}" | tee "$OUT/summary.md"
+    printf '%s\n' "| check | result |" "|---|---|" "${summary[@]}" | tee "$SUMMARY"
     exit 1
   fi
   rm -rf "$PREFIX" && mkdir -p "$PREFIX"
@@ -64,13 +73,13 @@ fi
 row "build dependencies" "$use_debs"
 
 # 3. Build with CUDA.
-if cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_BUILD_BENCH=OFF > "$OUT/build.log" 2>&1 &&
-   cmake --build "$BUILD" -j"$JOBS" >> "$OUT/build.log" 2>&1; then
-  row "build" "ok ($(grep -ao 'CUDA toolkit [0-9.]* found' "$OUT/build.log" | head -1 || echo 'no CUDA toolkit'))"
+if cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_BUILD_BENCH=OFF > "$LOGS/build.log" 2>&1 &&
+   cmake --build "$BUILD" -j"$JOBS" >> "$LOGS/build.log" 2>&1; then
+  row "build" "ok ($(grep -ao 'CUDA toolkit [0-9.]* found' "$LOGS/build.log" | head -1 || echo 'no CUDA toolkit'))"
 else
   row "build" "FAILED (build.log)"
-  tail -30 "$OUT/build.log"
-  printf '%s\n' "| check | result |" "|---|---|" "${summary[@]}" | tee "$OUT/summary.md"
+  tail -30 "$LOGS/build.log"
+  printf '%s\n' "| check | result |" "|---|---|" "${summary[@]}" | tee "$SUMMARY"
   exit 1
 fi
 
@@ -79,14 +88,14 @@ tests_rc=0 cuda_rc=0
 if [[ ${KILN_GPU_TESTS:-1} == 0 ]]; then
   row "test suite" "skipped (KILN_GPU_TESTS=0)"
 else
-  ctest --test-dir "$BUILD" -j"$JOBS" --output-on-failure > "$OUT/tests.log" 2>&1
+  ctest --test-dir "$BUILD" -j"$JOBS" --output-on-failure > "$LOGS/tests.log" 2>&1
   tests_rc=$?
-  row "test suite" "$(grep -aE 'tests passed' "$OUT/tests.log" | tail -1)"
-  KILN_CACHE_DIR="$BUILD/kernel-cache" "$BUILD/tests/kiln_tests" "[cuda]" --success > "$OUT/cuda_tests.log" 2>&1
+  row "test suite" "$(grep -aE 'tests passed' "$LOGS/tests.log" | tail -1)"
+  KILN_CACHE_DIR="$BUILD/kernel-cache" "$BUILD/tests/kiln_tests" "[cuda]" --success > "$LOGS/cuda_tests.log" 2>&1
   cuda_rc=$?
-  row "[cuda] cases" "$(grep -aE '^(All tests passed|test cases:)' "$OUT/cuda_tests.log" | tail -1)"
-  row "NVRTC" "$(grep -ao 'NVRTC [0-9.]*: [0-9]* kernels[^;]*' "$OUT/cuda_tests.log" | head -1)"
-  row "device cases skipped for want of a GPU" "$(grep -ac 'SKIPPED: no CUDA' "$OUT/cuda_tests.log") (0 expected on a GPU)"
+  row "[cuda] cases" "$(grep -aE '^(All tests passed|test cases:)' "$LOGS/cuda_tests.log" | tail -1)"
+  row "NVRTC" "$(grep -ao 'NVRTC [0-9.]*: [0-9]* kernels[^;]*' "$LOGS/cuda_tests.log" | head -1)"
+  row "device cases skipped for want of a GPU" "$(grep -ac 'SKIPPED: no CUDA' "$LOGS/cuda_tests.log") (0 expected on a GPU)"
 fi
 
 # 5. GPU benchmarks. bench_cuda is built into the same tree (only its own file compiles; Google
@@ -119,6 +128,7 @@ for f in d["figures"]:
             text += f"; PyTorch {num(f['pytorch'])}"
         if f["note"]:
             text += f"; {f['note']}"
+    text = text.replace("\n", " ").replace("\t", " ").replace("|", "/")  # one table cell
     print(f"bench: {f['name']}\t{text}")
 if not d.get("complete", True):
     print("bench: incomplete\tthe run stopped before its last figure (bench_cuda.log)")
@@ -129,26 +139,28 @@ if [[ ${KILN_GPU_BENCH:-1} == 0 ]]; then
 else
   SCALE=${KILN_GPU_BENCH_SCALE:-1}
   REPS=${KILN_GPU_BENCH_REPS:-20}
-  if cmake -S . -B "$BUILD" -DKILN_BUILD_BENCH=ON > "$OUT/bench_build.log" 2>&1 &&
-     cmake --build "$BUILD" -j"$JOBS" --target bench_cuda >> "$OUT/bench_build.log" 2>&1; then
+  bench_built=0
+  if cmake -S . -B "$BUILD" -DKILN_BUILD_BENCH=ON > "$LOGS/bench_build.log" 2>&1 &&
+     cmake --build "$BUILD" -j"$JOBS" --target bench_cuda >> "$LOGS/bench_build.log" 2>&1; then
+    bench_built=1
     row "bench_cuda build" "ok"
   else
     row "bench_cuda build" "FAILED (bench_build.log)"
   fi
 
-  rm -f "$OUT/pytorch_cuda.json" "$OUT/bench_cuda.json"
-  timeout -k 10 120 python3 -u bench/pytorch_cuda.py --scale "$SCALE" --reps "$REPS" --json "$OUT/pytorch_cuda.json" \
-    > "$OUT/pytorch_cuda.log" 2>&1
+  rm -f "$LOGS/pytorch_cuda.json" "$LOGS/bench_cuda.json"
+  timeout -k 10 120 "${KILN_GPU_PYTHON:-python3}" -u bench/pytorch_cuda.py --scale "$SCALE" --reps "$REPS" --json "$LOGS/pytorch_cuda.json" \
+    > "$LOGS/pytorch_cuda.log" 2>&1
   torch_rc=$?
-  row "PyTorch side (pytorch_cuda.py)" "$(outcome $torch_rc 120): $(grep -aE '^(PyTorch |pytorch_cuda: )' "$OUT/pytorch_cuda.log" | head -1 | cut -c1-200)"
+  row "PyTorch side (pytorch_cuda.py)" "$(outcome $torch_rc 120) (pytorch_cuda.log): $(grep -aE '^(PyTorch |pytorch_cuda: )' "$LOGS/pytorch_cuda.log" | head -1 | cut -c1-200)"
 
-  if [[ -x $BUILD/bench/bench_cuda ]]; then
+  if [[ $bench_built == 1 ]]; then  # never a stale binary from an earlier build
     KILN_CACHE_DIR="$BUILD/kernel-cache" timeout -k 10 180 "$BUILD/bench/bench_cuda" --scale "$SCALE" --reps "$REPS" \
-      --json "$OUT/bench_cuda.json" --pytorch-json "$OUT/pytorch_cuda.json" > "$OUT/bench_cuda.log" 2>&1
+      --json "$LOGS/bench_cuda.json" --pytorch-json "$LOGS/pytorch_cuda.json" > "$LOGS/bench_cuda.log" 2>&1
     bench_rc=$?
-    row "bench_cuda" "$(outcome $bench_rc 180): $(grep -aE '^bench_cuda' "$OUT/bench_cuda.log" | head -1 | cut -c1-200)"
-    if [[ -f $OUT/bench_cuda.json ]] && bench_rows "$OUT/bench_cuda.json" > "$OUT/bench_rows.txt" 2>> "$OUT/bench_cuda.log"; then
-      while IFS=$'\t' read -r name text; do row "$name" "$text"; done < "$OUT/bench_rows.txt"
+    row "bench_cuda" "$(outcome $bench_rc 180) (bench_cuda.log): $(grep -aE '^bench_cuda' "$LOGS/bench_cuda.log" | head -1 | cut -c1-200)"
+    if [[ -f $LOGS/bench_cuda.json ]] && bench_rows "$LOGS/bench_cuda.json" > "$LOGS/bench_rows.txt" 2>> "$LOGS/bench_cuda.log"; then
+      while IFS=$'\t' read -r name text; do row "$name" "$text"; done < "$LOGS/bench_rows.txt"
     else
       row "bench figures" "none readable (bench_cuda.log)"
     fi
@@ -158,5 +170,5 @@ else
 fi
 row "time" "$(( $(date +%s) - START )) s"
 
-printf '%s\n' "| check | result |" "|---|---|" "${summary[@]}" | tee "$OUT/summary.md"
+printf '%s\n' "| check | result |" "|---|---|" "${summary[@]}" | tee "$SUMMARY"
 [[ $tests_rc == 0 && $cuda_rc == 0 ]]

@@ -229,3 +229,35 @@ TEST_CASE("an MLP and a CNN train alike on CUDA and on the CPU", "[cuda][device]
     for (size_t j = 0; j < a.size(); ++j) REQUIRE(b[j] == Approx(a[j]).margin(1e-4).epsilon(1e-3));
   }
 }
+
+TEST_CASE("one sync realizes CPU and CUDA work as a plan per device", "[cuda][device][cuda_ops]") {
+  if (!have_cuda()) return;
+  Tensor x = normal({8, 8});
+  Tensor on_cpu = exp(x) + 1.0, on_gpu = exp(x.to(kGpu)) + 1.0;
+  sync({on_cpu, on_gpu});
+  CHECK(on_cpu.is_realized());
+  CHECK(on_gpu.is_realized());
+  check_same(on_cpu, on_gpu, "exp + 1");
+  CHECK_THROWS_WITH(x + x.to(kGpu), Catch::Contains("different devices") && Catch::Contains(kGpu.str()));
+}
+
+std::vector<float> before_doubled(std::vector<float> v) {
+  for (float& x : v) x *= 2.0f;
+  return v;
+}
+
+TEST_CASE("running out of device memory is a kiln::Error with a report, and nothing is lost", "[cuda][device][cuda_ops][errors]") {
+  if (!have_cuda()) return;
+  Tensor kept = normal({4, 4}).to(kGpu);
+  auto before = kept.to_vector<float>();
+  FlagsGuard guard;
+  flags().use_cuda = true;
+  Tensor huge = zeros({int64_t{1} << 43});  // 32 TiB: more than any GPU (or the emulator's host) has
+  CHECK_THROWS_WITH(huge.realize(), Catch::Contains("cuda"));
+  // Outputs are allocated before any kernel runs: the update of `kept` in the same plan is not
+  // applied when another output does not fit.
+  kept.assign(kept * 2.0);
+  Tensor shifted = huge + 1.0;
+  CHECK_THROWS_AS(sync({kept, shifted}), Error);
+  CHECK(kept.to_vector<float>() == before_doubled(before));
+}

@@ -135,7 +135,7 @@ std::string host_source(const std::vector<Kernel>& kernels, const CudaSource& cu
   source += "\n// Entries taking a launch's argument array.\n";
   for (size_t k = 0; k < kernels.size() && k < cuda.launches.size(); ++k) {
     if (cuda.launches[k].empty()) continue;
-    const std::vector<std::string> types = cuda_parameter_types(kernels[k]);
+    const std::vector<std::string>& types = cuda.parameter_types[k];
     std::string call;
     for (size_t i = 0; i < types.size(); ++i) call += fmt::format("{}*({}*)a[{}]", i ? ", " : "", types[i], i);
     for (const CudaLaunch& l : cuda.launches[k])

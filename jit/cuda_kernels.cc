@@ -27,8 +27,8 @@ std::string cuda_arch(int device) {
   return fmt::format("sm_{}{}", info.major, info.minor);
 }
 
-CudaKernels::CudaKernels(const std::vector<Kernel>& kernels, int device)
-    : device_(device), source_(render_cuda(kernels)) {
+CudaKernels::CudaKernels(const std::vector<Kernel>& kernels, int device, const std::vector<int>& groups)
+    : device_(device), source_(render_cuda(kernels, groups)) {
   cuda::check_device(Device::cuda(device), "CUDA kernels");
   functions_.resize(kernels.size());
   if (cuda::emulated()) {

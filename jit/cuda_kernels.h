@@ -20,14 +20,17 @@ namespace kiln::jit {
 
 class CudaKernels {
  public:
-  // Renders, compiles (or finds in the caches) and loads the JIT kernels among `kernels`.
-  CudaKernels(const std::vector<Kernel>& kernels, int device);
+  // Renders, compiles (or finds in the caches) and loads the JIT kernels among `kernels`, with
+  // the row groups `groups` (cuda_row_groups; empty: none).
+  CudaKernels(const std::vector<Kernel>& kernels, int device, const std::vector<int>& groups = {});
   ~CudaKernels();
   CudaKernels(const CudaKernels&) = delete;
   CudaKernels& operator=(const CudaKernels&) = delete;
 
-  // Queues every function of kernel `k` in order; `args` as for cudaLaunchKernel.
+  // Queues every function of kernel `k` in order (none for a later phase of a row group); `args`
+  // as for cudaLaunchKernel: the buffers of parameter_slots(k), then sc, isc, err.
   void launch(size_t k, void** args) const;
+  const std::vector<int>& parameter_slots(size_t k) const { return source_.parameter_slots[k]; }
   int function_count() const { return source_.function_count; }
 
  private:

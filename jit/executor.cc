@@ -34,6 +34,10 @@ struct Plan {
   std::vector<KernelFn> fns;        // per kernel; null for library calls (CPU plans)
   std::unique_ptr<CudaKernels> cuda;  // the JIT kernels of a CUDA plan
   std::vector<int> fallible;        // kernels that may report an index out of range, in order
+  // CUDA plans: per kernel, the first kernel of its row group (jit/render_cuda.h), itself when
+  // alone; empty for CPU plans. A group runs as one function, so memory is planned as if it were
+  // one kernel.
+  std::vector<int> group_start;
   std::vector<int> last_use;        // per slot: last kernel reading or writing it
   std::vector<int> producer;        // per slot: kernel writing it (-1 for externals)
   std::vector<int64_t> offset;      // per slot: arena offset of an intermediate, -1 otherwise
@@ -59,6 +63,26 @@ bool reads_only_in_place(const Kernel& k, int b) {
   return true;
 }
 
+// Whether kernel k runs as a phase of a row group of two or more kernels.
+bool in_row_group(const Plan& plan, size_t k) {
+  if (plan.group_start.empty()) return false;
+  return plan.group_start[k] != static_cast<int>(k) ||
+         (k + 1 < plan.group_start.size() && plan.group_start[k + 1] == static_cast<int>(k));
+}
+
+// Every buffer a row group touches lives until the group's last kernel: its phases interleave
+// row by row, so nothing read or written by one phase may be handed to another inside it.
+void extend_lifetimes_over_groups(Plan& plan) {
+  const Schedule& s = plan.schedule;
+  for (size_t k = 0; k < s.kernels.size(); ++k) {
+    if (!in_row_group(plan, k)) continue;
+    size_t end = k;
+    while (end + 1 < s.kernels.size() && plan.group_start[end + 1] == plan.group_start[k]) ++end;
+    for (const KernelBuffer& b : s.kernels[k].buffers)
+      plan.last_use[b.slot] = std::max(plan.last_use[b.slot], static_cast<int>(end));
+  }
+}
+
 // Intermediates get offsets in one arena; outputs and externals live in their own storage.
 void plan_buffers(Plan& plan) {
   const Schedule& s = plan.schedule;
@@ -73,8 +97,9 @@ void plan_buffers(Plan& plan) {
       plan.output_bytes += bytes_of(out);
       continue;
     }
-    memory::BufferRequest r{bytes_of(out), static_cast<int>(k), plan.last_use[out], -1};
-    for (size_t b = 1; b < kernel.buffers.size(); ++b) {
+    const bool grouped = in_row_group(plan, k);
+    memory::BufferRequest r{bytes_of(out), grouped ? plan.group_start[k] : static_cast<int>(k), plan.last_use[out], -1};
+    for (size_t b = 1; b < kernel.buffers.size() && !grouped; ++b) {
       int in = kernel.buffers[b].slot;
       if (intermediate(in) && plan.last_use[in] == static_cast<int>(k) && bytes_of(in) == bytes_of(out) &&
           request_of[in] >= 0 && reads_only_in_place(kernel, static_cast<int>(b))) {
@@ -132,6 +157,7 @@ void find_in_place_updates(Plan& plan, const PendingGraph& graph) {
     const Kernel& kernel = s.kernels[k];
     int out = kernel.buffers[0].slot;
     if (s.slots[out].node < 0 || !s.slots[out].output || kernel.kind != KernelKind::Elementwise) continue;
+    if (in_row_group(plan, k)) continue;  // other rows' phases may still read the old value
     int oi = output_index[s.slots[out].node];
     if (oi < 0 || graph.replaced_external[oi] < 0) continue;
     int ext = external_slot[graph.replaced_external[oi]];
@@ -206,13 +232,17 @@ std::unique_ptr<Plan> build_plan(const PendingGraph& graph, Device device) {
     jit_kernels += !is_library(s.kernels[k].kind);
     if (can_fail(s.kernels[k])) plan->fallible.push_back(static_cast<int>(k));
   }
+  if (device.is_cuda()) {
+    plan->group_start = cuda_row_groups(s.kernels);
+    extend_lifetimes_over_groups(*plan);
+  }
   plan_buffers(*plan);
   find_in_place_updates(*plan, graph);
   plan->info->output_bytes = plan->output_bytes;
   memory::note_plan(plan->info);
   plan->fns.assign(s.kernels.size(), nullptr);
   if (jit_kernels > 0 && device.is_cuda()) {
-    plan->cuda = std::make_unique<CudaKernels>(s.kernels, device.index);
+    plan->cuda = std::make_unique<CudaKernels>(s.kernels, device.index, plan->group_start);
   } else if (jit_kernels > 0) {
     plan->module = compile_cached(render_cpp(s.kernels), jit_kernels);
     for (size_t k = 0; k < s.kernels.size(); ++k)
@@ -380,9 +410,10 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
     } else if (kernel.kind == KernelKind::Conv) {
       run_conv(kernel, ptrs.data(), device);
     } else if (device.is_cuda()) {
-      // cudaLaunchKernel takes a pointer to each argument: the buffers, then sc, isc, err.
+      // cudaLaunchKernel takes a pointer to each argument: the buffers, then sc, isc, err. A
+      // later phase of a row group launches nothing: its group's function ran it.
       values.clear();
-      for (const KernelBuffer& b : kernel.buffers) values.push_back(ptrs[b.slot]);
+      for (int slot : plan.cuda->parameter_slots(k)) values.push_back(ptrs[slot]);
       auto mine = std::find(plan.fallible.begin(), plan.fallible.end(), static_cast<int>(k));
       int64_t* err = on_device.err + 2 * (mine == plan.fallible.end() ? 0 : mine - plan.fallible.begin());
       values.insert(values.end(), {const_cast<double*>(on_device.sc), const_cast<int64_t*>(on_device.isc), err});

@@ -51,6 +51,12 @@ class CudaKernelRenderer {
   void row_reduce(std::string& out, std::vector<CudaLaunch>& launches) const;
   void column_reduce(std::string& out, std::vector<CudaLaunch>& launches) const;
   void scatter(std::string& out, std::vector<CudaLaunch>& launches) const;
+
+ public:
+  // One row-group phase (render_row_group): this kernel's work for row `t` by the whole block.
+  void row_phase(std::string& out, int index) const;
+
+ private:
   // `const int64_t <var> = ...;` for the reduce loops [first, last) from their flat index `rf`.
   std::string unflatten_reduce(size_t first, size_t last, const std::string& indent) const;
   int64_t reduce_extent(size_t first, size_t last) const;
@@ -214,6 +220,31 @@ void CudaKernelRenderer::scatter(std::string& out, std::vector<CudaLaunch>& laun
   launches.push_back({k_.name, blocks_for(work, kThreads), kThreads});
 }
 
+// A reduce kernel's row `t`: the block folds it and thread 0 stores the result, which the
+// barrier after the phase makes visible to the rest of the block. An elementwise kernel's row:
+// the block's threads take its elements in turn.
+void CudaKernelRenderer::row_phase(std::string& out, int index) const {
+  const DType out_t = k_.buffers[0].dtype;
+  out += fmt::format("    {{  // {}\n      const int64_t {} = t;\n", k_.summary, k_.loops[0].var);
+  if (k_.kind == KernelKind::Reduce) {
+    const bool is_sum = k_.reduce_op == Op::ReduceSum;
+    out += fmt::format("      {} acc = {};\n", compute_type(out_t), reduce_init(out_t, is_sum, "KILN_INF"));
+    out += fmt::format("      for (int64_t rf = threadIdx.x; rf < {}LL; rf += blockDim.x) {{\n", reduce_extent(1, k_.loops.size()));
+    out += unflatten_reduce(1, k_.loops.size(), "        ");
+    values_.emit_values(out, "        ");
+    out += fmt::format("        {}\n      }}\n", combine("acc", values_.v(k_.value)));
+    out += fmt::format("      acc = kiln_block_fold<{}>(acc, scratch{});\n", is_sum ? "true" : "false", index);
+    out += fmt::format("      if (threadIdx.x == 0) {}[{}] = {};\n    }}\n    __syncthreads();\n", values_.buf(0),
+                       values_.idx(k_.store_index), store_value(out_t, "acc"));
+    return;
+  }
+  out += fmt::format("      for (int64_t j = threadIdx.x; j < {}LL; j += blockDim.x) {{\n", k_.loops[1].extent);
+  out += fmt::format("        const int64_t {} = j;\n", k_.loops[1].var);
+  values_.emit_values(out, "        ");
+  out += fmt::format("        {}[{}] = {};\n      }}\n    }}\n", values_.buf(0), values_.idx(k_.store_index),
+                     store_value(out_t, values_.v(k_.value)));
+}
+
 std::vector<CudaLaunch> CudaKernelRenderer::render(std::string& out) {
   std::vector<CudaLaunch> launches;
   if (!is_library(k_.kind)) out += fmt::format("\n// {}\n", k_.summary);
@@ -232,6 +263,63 @@ std::vector<CudaLaunch> CudaKernelRenderer::render(std::string& out) {
 
 }  // namespace
 
+namespace {
+
+// Whether kernel `k` can be a phase of a row group over rows of `rows` x `cols`: row `o` of its
+// output depends on row `o` of what it reads (checked by the group for earlier outputs).
+bool row_shaped(const Kernel& k, int64_t rows, int64_t cols) {
+  if (k.loops.empty() || k.loops[0].role != Loop::Role::Parallel || k.loops[0].extent != rows) return false;
+  for (const Expr& e : k.exprs)
+    if (e.kind == Expr::Kind::GatherLoad) return false;  // index errors are reported per kernel
+  if (k.kind == KernelKind::Elementwise)
+    return k.loops.size() == 2 && k.loops[1].extent == cols && k.ctx.render(k.store_index) == fmt::format("{}*{} + {}", cols, k.loops[0].var, k.loops[1].var);
+  if (k.kind != KernelKind::Reduce || k.column || k.ctx.render(k.store_index) != k.loops[0].var) return false;
+  int64_t extent = 1;
+  for (size_t l = 1; l < k.loops.size(); ++l) extent *= k.loops[l].extent;
+  return extent == cols;
+}
+
+// Whether kernel `k` reads the outputs of `earlier` (slots) only at its own row.
+bool reads_rows_only(const Kernel& k, const std::vector<int>& earlier) {
+  for (const Expr& e : k.exprs) {
+    if (e.kind != Expr::Kind::Load) continue;
+    const int slot = k.buffers[e.buffer].slot;
+    if (std::find(earlier.begin(), earlier.end(), slot) == earlier.end()) continue;
+    if (!e.guards.empty() || k.ctx.render(e.index) != k.loops[0].var) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<int> cuda_row_groups(const std::vector<Kernel>& kernels) {
+  std::vector<int> start(kernels.size());
+  for (size_t k = 0; k < kernels.size(); ++k) start[k] = static_cast<int>(k);
+  size_t a = 0;
+  while (a < kernels.size()) {
+    const Kernel& first = kernels[a];
+    size_t b = a;  // the group is [a, b]
+    if (first.kind == KernelKind::Reduce && !first.loops.empty()) {
+      const int64_t rows = first.loops[0].extent;
+      int64_t cols = 1;
+      for (size_t l = 1; l < first.loops.size(); ++l) cols *= first.loops[l].extent;
+      std::vector<int> outputs;
+      // Only reductions of one value per row hand on to later phases; any kernel may end it.
+      while (b < kernels.size() && row_shaped(kernels[b], rows, cols) && reads_rows_only(kernels[b], outputs)) {
+        outputs.push_back(kernels[b].buffers[0].slot);
+        ++b;
+        if (kernels[b - 1].kind != KernelKind::Reduce) break;
+      }
+      b = b > a ? b - 1 : a;
+      // A row group pays off when a later phase rereads the rows an earlier one read.
+      if (b > a && cols < 32) b = a;
+    }
+    for (size_t k = a; k <= b; ++k) start[k] = static_cast<int>(a);
+    a = b + 1;
+  }
+  return start;
+}
+
 std::vector<std::string> cuda_parameter_types(const Kernel& k) {
   std::vector<std::string> types;
   for (size_t b = 0; b < k.buffers.size(); ++b)
@@ -240,11 +328,70 @@ std::vector<std::string> cuda_parameter_types(const Kernel& k) {
   return types;
 }
 
-CudaSource render_cuda(const std::vector<Kernel>& kernels) {
+namespace {
+
+// Kernels [a, b] as one function: a block per row (grid-stride over rows), each kernel a phase
+// of the row in turn. Its parameters are every slot the kernels touch, in order of first use.
+void render_row_group(const std::vector<Kernel>& kernels, size_t a, size_t b, CudaSource& result) {
+  const Kernel& first = kernels[a];
+  const std::string name = first.name + "_rows";
+  std::vector<int>& slots = result.parameter_slots[a];
+  std::vector<std::string>& types = result.parameter_types[a];
+  std::string params, scalars, scratch;
+  std::vector<int> scalar_slots;
+  for (size_t k = a; k <= b; ++k) {
+    for (const KernelBuffer& buf : kernels[k].buffers) {
+      if (std::find(slots.begin(), slots.end(), buf.slot) != slots.end()) continue;
+      slots.push_back(buf.slot);
+      types.push_back(fmt::format("{}*", storage_type(buf.dtype)));
+      params += fmt::format("{} b{}, ", types.back(), buf.slot);
+    }
+    for (const Expr& e : kernels[k].exprs)
+      if (e.kind == Expr::Kind::Scalar && std::find(scalar_slots.begin(), scalar_slots.end(), e.slot) == scalar_slots.end()) {
+        scalar_slots.push_back(e.slot);
+        scalars += fmt::format("  const {0} s{1} = ({0})sc[{1}];\n", compute_type(e.dtype), e.slot);
+      }
+    if (kernels[k].kind == KernelKind::Reduce)
+      scratch += fmt::format("  __shared__ {} scratch{}[32];\n", compute_type(kernels[k].buffers[0].dtype), k - a);
+  }
+  types.insert(types.end(), {"const double*", "const int64_t*", "int64_t*"});
+  const int64_t rows = first.loops[0].extent;
+  int64_t cols = 1;
+  for (size_t l = 1; l < first.loops.size(); ++l) cols *= first.loops[l].extent;
+  std::string& out = result.functions;
+  out += fmt::format("\n// row group: {} kernels over {} rows of {}\n", b - a + 1, rows, cols);
+  out += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}const double* sc, const int64_t* isc, "
+                     "int64_t* err) {{\n", kThreads, name, params);
+  out += scalars + scratch;
+  out += fmt::format("  for (int64_t t = blockIdx.x; t < {}LL; t += gridDim.x) {{\n", rows);
+  for (size_t k = a; k <= b; ++k) CudaKernelRenderer(kernels[k]).row_phase(out, static_cast<int>(k - a));
+  out += "  }\n}\n";
+  const int threads = static_cast<int>(std::clamp<int64_t>((cols + 31) / 32 * 32, 32, kThreads));
+  result.launches[a].push_back({name, std::clamp<int64_t>(rows, 1, kMaxBlocks), threads});
+  result.function_count += 1;
+}
+
+}  // namespace
+
+CudaSource render_cuda(const std::vector<Kernel>& kernels, const std::vector<int>& groups) {
   CudaSource result;
-  for (const Kernel& k : kernels) {
-    result.launches.push_back(CudaKernelRenderer(k).render(result.functions));
-    result.function_count += static_cast<int>(result.launches.back().size());
+  result.launches.resize(kernels.size());
+  result.parameter_slots.resize(kernels.size());
+  result.parameter_types.resize(kernels.size());
+  for (size_t k = 0; k < kernels.size(); ++k) {
+    const size_t start = groups.empty() ? k : static_cast<size_t>(groups[k]);
+    if (start != k) continue;  // a later phase of a row group
+    size_t end = k;
+    while (end + 1 < kernels.size() && !groups.empty() && static_cast<size_t>(groups[end + 1]) == k) ++end;
+    if (end > k) {
+      render_row_group(kernels, k, end, result);
+      continue;
+    }
+    result.launches[k] = CudaKernelRenderer(kernels[k]).render(result.functions);
+    result.function_count += static_cast<int>(result.launches[k].size());
+    if (result.launches[k].empty()) continue;
+    for (const KernelBuffer& b : kernels[k].buffers) result.parameter_slots[k].push_back(b.slot);
+    result.parameter_types[k] = cuda_parameter_types(kernels[k]);
   }
   result.source = std::string(kCudaTypes) + kCudaPrelude + kRandomPrelude + result.functions;
   return result;

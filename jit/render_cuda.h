@@ -32,11 +32,25 @@ struct CudaSource {
   std::string source;                            // prelude + every function, for NVRTC
   std::string functions;                         // the functions alone (the emulator's prelude differs)
   std::vector<std::vector<CudaLaunch>> launches;  // per kernel of the plan; empty for library kernels
+                                                  // and for the later phases of a row group
+  // Per kernel with launches: the plan slots its functions take as buffer parameters, in order
+  // (Kernel::buffers, or a row group's union), and every parameter's type (then sc, isc, err).
+  std::vector<std::vector<int>> parameter_slots;
+  std::vector<std::vector<std::string>> parameter_types;
   int function_count = 0;
 };
 
-// Source of all JIT kernels (not Matmul or Conv) of a plan.
-CudaSource render_cuda(const std::vector<Kernel>& kernels);
+// Row groups: runs of kernels over the same rows (reductions of one value per row, then one
+// more row-wise kernel; softmax, layer norm, log-softmax) that one CUDA function can run a row
+// at a time, a block per row, so each row is read from DRAM once and reread from cache. Returns,
+// per kernel, the first kernel of its group (itself when alone). A plan that uses the groups must
+// plan memory as if each group were one kernel: its buffers live from the group's start to its
+// end, and no phase writes over its inputs.
+std::vector<int> cuda_row_groups(const std::vector<Kernel>& kernels);
+
+// Source of all JIT kernels (not Matmul or Conv) of a plan; `groups` from cuda_row_groups (empty:
+// every kernel alone).
+CudaSource render_cuda(const std::vector<Kernel>& kernels, const std::vector<int>& groups = {});
 
 // The parameter types every function of kernel `k` takes, in order ("float*", "const kiln_half*",
 // ..., "const double*", "const int64_t*", "int64_t*").

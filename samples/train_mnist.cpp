@@ -24,6 +24,8 @@
 // cuBLAS/cuDNN calls; only the loss and the count of correct predictions come back each step.
 #include <kiln/kiln.h>
 
+#include "samples/mnist_models.h"
+
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -35,32 +37,8 @@ namespace nn = kiln::nn;
 namespace data = kiln::data;
 using kiln::Tensor;
 
-// 784 -> 512 -> 512 -> 10 with ReLU.
-struct Mlp : nn::Module {
-  Mlp() : Module("Mlp") {}
-  nn::Linear fc1 = register_module("fc1", nn::Linear(784, 512));
-  nn::Linear fc2 = register_module("fc2", nn::Linear(512, 512));
-  nn::Linear fc3 = register_module("fc3", nn::Linear(512, 10));
-  Tensor forward(const Tensor& x) {  // x: (B, 784) -> logits (B, 10)
-    return fc3.forward(kiln::relu(fc2.forward(kiln::relu(fc1.forward(x)))));
-  }
-};
-
-// LeNet-style: conv 32 (3x3, pad 1), ReLU, max pool 2, conv 64, ReLU, max pool 2, fc 128, fc 10.
-struct Cnn : nn::Module {
-  Cnn() : Module("Cnn") {}
-  nn::Conv2d conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)));
-  nn::Conv2d conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)));
-  nn::MaxPool2d pool = register_module("pool", nn::MaxPool2d(2));
-  nn::Linear fc1 = register_module("fc1", nn::Linear(64 * 7 * 7, 128));
-  nn::Linear fc2 = register_module("fc2", nn::Linear(128, 10));
-  Tensor forward(const Tensor& x) {  // x: (B, 784) -> logits (B, 10)
-    Tensor h = x.reshape({x.size(0), 1, 28, 28});
-    h = pool.forward(kiln::relu(conv1.forward(h)));  // (B, 32, 14, 14)
-    h = pool.forward(kiln::relu(conv2.forward(h)));  // (B, 64, 7, 7)
-    return fc2.forward(kiln::relu(fc1.forward(h.reshape({x.size(0), 64 * 7 * 7}))));
-  }
-};
+using kiln::samples::Cnn;
+using kiln::samples::Mlp;
 
 // Correct predictions in a batch of logits (B, 10) against labels (B): a lazy int64 scalar,
 // detached so that it carries no gradient history into the optimizer's step.

@@ -54,12 +54,19 @@ class CudaCompileCheck {
     for (const Tensor& t : outputs) targets.push_back(t.node());
     jit::Schedule schedule = jit::schedule_for(targets);
     graphs_++;
-    for (jit::Kernel& k : schedule.kernels) {
+    // Row groups as a CUDA plan forms them (never across a library kernel or another graph).
+    const std::vector<int> groups = jit::cuda_row_groups(schedule.kernels);
+    std::vector<int> position(schedule.kernels.size(), -1);
+    for (size_t i = 0; i < schedule.kernels.size(); ++i) {
+      jit::Kernel& k = schedule.kernels[i];
       if (jit::is_library(k.kind)) {
         library_kernels_++;
         continue;
       }
       k.name = fmt::format("g{}_{}", graphs_, k.name);
+      position[i] = static_cast<int>(pending_.size());
+      groups_.push_back(position[static_cast<size_t>(groups[i])]);
+      row_groups_ += groups[i] != static_cast<int>(i) && groups[i] == static_cast<int>(i) - 1;
       pending_.push_back(std::move(k));
       names_.push_back(graph);
     }
@@ -79,7 +86,7 @@ class CudaCompileCheck {
 
   void flush() {
     if (pending_.empty()) return;
-    jit::CudaSource cuda = jit::render_cuda(pending_);
+    jit::CudaSource cuda = jit::render_cuda(pending_, groups_);
     for (const char* arch : {"sm_80", "sm_90"}) {
       try {
         auto cubin = jit::compile_cuda_cached(cuda.source, arch, cuda.function_count);
@@ -97,6 +104,7 @@ class CudaCompileCheck {
     kernels_ += pending_.size();
     functions_ += cuda.function_count;
     pending_.clear();
+    groups_.clear();
     names_.clear();
   }
 
@@ -106,15 +114,17 @@ class CudaCompileCheck {
   int64_t programs() const { return programs_; }
   int64_t cached() const { return cached_; }
   int64_t library_kernels() const { return library_kernels_; }
+  int64_t row_groups() const { return row_groups_; }
   int64_t failures() const { return failures_; }
   const std::vector<std::string>& refused() const { return refused_; }
 
  private:
   static constexpr size_t kBatch = 160;  // kernels per NVRTC program: header parsing dominates small ones
   std::vector<jit::Kernel> pending_;
+  std::vector<int> groups_;  // per pending kernel, the first of its row group
   std::vector<std::string> names_;
   std::vector<std::string> refused_;
-  int64_t graphs_ = 0, kernels_ = 0, functions_ = 0, programs_ = 0, cached_ = 0, library_kernels_ = 0, failures_ = 0;
+  int64_t graphs_ = 0, kernels_ = 0, functions_ = 0, programs_ = 0, cached_ = 0, library_kernels_ = 0, failures_ = 0, row_groups_ = 0;
 };
 
 void elementwise_graphs(CudaCompileCheck& check) {
@@ -353,14 +363,15 @@ TEST_CASE("every kernel of the test graphs renders to CUDA and compiles with NVR
   for (const std::string& r : check.refused()) refused += " '" + r + "'";
   std::cout << fmt::format(
                    "[cuda] NVRTC {}: {} kernels ({} CUDA functions) from {} graphs compiled for sm_80 and sm_90 in {} "
-                   "programs ({} from the disk cache), {:.1f} s; {} library kernels skipped; graphs the op library "
-                   "refused:{}\n",
+                   "programs ({} from the disk cache), {:.1f} s; {} row groups; {} library kernels skipped; graphs the op "
+                   "library refused:{}\n",
                    jit::nvrtc_version(), check.kernels(), check.functions(), check.graphs(), check.programs(),
-                   check.cached(), seconds, check.library_kernels(), refused.empty() ? " none" : refused)
+                   check.cached(), seconds, check.row_groups(), check.library_kernels(), refused.empty() ? " none" : refused)
             << std::flush;
   CHECK(check.failures() == 0);
   CHECK(check.kernels() > 300);
   CHECK(check.library_kernels() > 0);
+  CHECK(check.row_groups() > 0);  // softmax, layer norm, ... as one function each
 }
 
 TEST_CASE("NVRTC reports a compile error with its log and the saved source", "[cuda][jit]") {

@@ -216,10 +216,10 @@ using MatmulKey = std::array<int64_t, 15>;
 
 struct MatmulDevice {
   cublasLtHandle_t handle = nullptr;
-  std::shared_ptr<Storage> workspace;
+  void* workspace = nullptr;  // device memory outside the pool: not tensor memory, never freed
 };
 
-// Never destroyed: handles and the pooled workspaces must outlive every static that could still
+// Never destroyed: handles and the workspaces must outlive every static that could still
 // queue work at exit, and cublasLtDestroy after the runtime has shut down crashes.
 struct MatmulState {
   std::mutex mutex;  // guards the maps and serializes use of a device's handle and workspace
@@ -236,7 +236,11 @@ template <class Describe>
 MatmulDevice& matmul_device(MatmulState& state, int device, const Describe& describe) {
   MatmulDevice& d = state.devices[device];
   if (!d.handle) check_cublas(cublasLtCreate(&d.handle), "cublasLtCreate", describe);
-  if (!d.workspace) d.workspace = memory::allocate_storage(kMatmulWorkspaceBytes, Device::cuda(device));
+  if (!d.workspace) {
+    d.workspace = cuda::device_malloc(device, kMatmulWorkspaceBytes);
+    KILN_CHECK(d.workspace != nullptr, "matmul (cuBLASLt)", "cuda:{} has no {} left for cuBLASLt's workspace; free "
+               "tensors or call kiln::empty_cache()", device, memory::format_bytes(kMatmulWorkspaceBytes));
+  }
   return d;
 }
 
@@ -362,7 +366,7 @@ void run_matmul(int device, DType t, const void* a, const int64_t a_strides[3], 
   const void* alpha = t == DType::Float64 ? static_cast<const void*>(&one_d) : &one_f;
   const void* beta = t == DType::Float64 ? static_cast<const void*>(&zero_d) : &zero_f;
   check_cublas(cublasLtMatmul(dev.handle, plan.op, alpha, b, plan.b, a, plan.a, beta, c, plan.c, c, plan.c,
-                              &plan.algo, dev.workspace->data, kMatmulWorkspaceBytes, stream),
+                              &plan.algo, dev.workspace, kMatmulWorkspaceBytes, stream),
                "cublasLtMatmul", describe);
 }
 

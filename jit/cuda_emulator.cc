@@ -130,10 +130,10 @@ void run_block(size_t threads, const std::string& function) {
 
 }  // namespace
 
-std::string host_source(const std::vector<Kernel>& kernels, const CudaSource& cuda) {
+std::string host_source(const CudaSource& cuda) {
   std::string source = std::string(kCudaEmulatorTypes) + kCudaPrelude + kRandomPrelude + cuda.functions;
   source += "\n// Entries taking a launch's argument array.\n";
-  for (size_t k = 0; k < kernels.size() && k < cuda.launches.size(); ++k) {
+  for (size_t k = 0; k < cuda.launches.size(); ++k) {
     if (cuda.launches[k].empty()) continue;
     const std::vector<std::string>& types = cuda.parameter_types[k];
     std::string call;

@@ -7,7 +7,7 @@
 // for tests (KILN_CUDA_EMULATOR=1), never for speed.
 //
 //   CudaSource cuda = render_cuda(kernels);
-//   auto module = compile_cached(emulator::host_source(kernels, cuda), cuda.function_count);
+//   auto module = compile_cached(emulator::host_source(cuda), cuda.function_count);
 //   emulator::Entry f = emulator::entry(*module, cuda.launches[0][0].function);
 //   void* args[] = {&out, &in, &sc, &isc, &err};            // as for cudaLaunchKernel
 //   emulator::launch(f, cuda.launches[0][0], args);
@@ -26,7 +26,7 @@ using Entry = void (*)(void** args);
 
 // One host translation unit: the built-ins, jit/cuda_prelude.h's kCudaPrelude, the random
 // generators, every function of `cuda`, and an entry `kiln_emu_<function>` for each.
-std::string host_source(const std::vector<Kernel>& kernels, const CudaSource& cuda);
+std::string host_source(const CudaSource& cuda);
 
 // The entry of `function` in a module compiled from host_source (binding the module to the
 // emulator on first use).

@@ -32,7 +32,7 @@ CudaKernels::CudaKernels(const std::vector<Kernel>& kernels, int device, const s
   cuda::check_device(Device::cuda(device), "CUDA kernels");
   functions_.resize(kernels.size());
   if (cuda::emulated()) {
-    host_module_ = compile_cached(emulator::host_source(kernels, source_), source_.function_count);
+    host_module_ = compile_cached(emulator::host_source(source_), source_.function_count);
     for (size_t k = 0; k < kernels.size(); ++k)
       for (const CudaLaunch& l : source_.launches[k])
         functions_[k].push_back({l, reinterpret_cast<const void*>(emulator::entry(*host_module_, l.function))});

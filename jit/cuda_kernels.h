@@ -5,7 +5,7 @@
 //
 //   CudaKernels kernels(schedule.kernels, 0);
 //   void* args[] = {&out, &in, &sc, &isc, &err};  // pointers to device pointers, in the
-//   kernels.launch(k, args);                      // order of cuda_parameter_types(kernel k)
+//   kernels.launch(k, args);                      // order of kernels.parameter_slots(k)
 #pragma once
 #include <memory>
 #include <string>

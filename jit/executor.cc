@@ -34,6 +34,7 @@ struct Plan {
   std::vector<KernelFn> fns;        // per kernel; null for library calls (CPU plans)
   std::unique_ptr<CudaKernels> cuda;  // the JIT kernels of a CUDA plan
   std::vector<int> fallible;        // kernels that may report an index out of range, in order
+  std::vector<int> error_pair;      // per kernel: its index-error pair in a CUDA run (0 if it cannot fail)
   // CUDA plans: per kernel, the first kernel of its row group (jit/render_cuda.h), itself when
   // alone; empty for CPU plans. A group runs as one function, so memory is planned as if it were
   // one kernel.
@@ -230,6 +231,7 @@ std::unique_ptr<Plan> build_plan(const PendingGraph& graph, Device device) {
     for (const KernelBuffer& b : s.kernels[k].buffers) plan->last_use[b.slot] = static_cast<int>(k);
     plan->producer[s.kernels[k].buffers[0].slot] = static_cast<int>(k);
     jit_kernels += !is_library(s.kernels[k].kind);
+    plan->error_pair.push_back(can_fail(s.kernels[k]) ? static_cast<int>(plan->fallible.size()) : 0);
     if (can_fail(s.kernels[k])) plan->fallible.push_back(static_cast<int>(k));
   }
   if (device.is_cuda()) {
@@ -303,7 +305,7 @@ void run_matmul(const Kernel& k, void* const* ptrs, Device device) {
   size_t es = dtype_size(t);
   const char* a = static_cast<const char*>(ptrs[k.buffers[mm.a_buffer].slot]) + mm.a_offset * es;
   const char* b = static_cast<const char*>(ptrs[k.buffers[mm.b_buffer].slot]) + mm.b_offset * es;
-  if (device.is_cuda() && !cuda::emulated())
+  if (cuda::is_gpu(device))
     cuda_library::matmul(device.index, t, a, mm.a_strides, b, mm.b_strides, ptrs[k.buffers[0].slot], mm.batch, mm.M,
                          mm.K, mm.N);
   else
@@ -314,7 +316,7 @@ void run_conv(const Kernel& k, void* const* ptrs, Device device) {
   const ConvCall& c = k.conv;
   const void* a = ptrs[k.buffers[c.a_buffer].slot];
   const void* b = ptrs[k.buffers[c.b_buffer].slot];
-  if (device.is_cuda() && !cuda::emulated())
+  if (cuda::is_gpu(device))
     cuda_library::conv2d(device.index, c.pass, k.buffers[0].dtype, c.geometry, a, b, ptrs[k.buffers[0].slot]);
   else
     onednn::conv2d(c.pass, k.buffers[0].dtype, c.geometry, a, b, ptrs[k.buffers[0].slot]);
@@ -414,8 +416,7 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
       // later phase of a row group launches nothing: its group's function ran it.
       values.clear();
       for (int slot : plan.cuda->parameter_slots(k)) values.push_back(ptrs[slot]);
-      auto mine = std::find(plan.fallible.begin(), plan.fallible.end(), static_cast<int>(k));
-      int64_t* err = on_device.err + 2 * (mine == plan.fallible.end() ? 0 : mine - plan.fallible.begin());
+      int64_t* err = on_device.err + 2 * plan.error_pair[k];
       values.insert(values.end(), {const_cast<double*>(on_device.sc), const_cast<int64_t*>(on_device.isc), err});
       args.clear();
       for (void*& v : values) args.push_back(&v);

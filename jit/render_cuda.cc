@@ -39,6 +39,16 @@ int64_t blocks_for(int64_t work, int64_t per_block) {
 
 const char* kGridStride = "(int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < {0}LL; t += (int64_t)gridDim.x * blockDim.x";
 
+// The parameter types every function of kernel `k` takes, in order ("float*", "const kiln_half*",
+// ..., "const double*", "const int64_t*", "int64_t*").
+std::vector<std::string> cuda_parameter_types(const Kernel& k) {
+  std::vector<std::string> types;
+  for (size_t b = 0; b < k.buffers.size(); ++b)
+    types.push_back(fmt::format("{}{}*", b == 0 ? "" : "const ", storage_type(k.buffers[b].dtype)));
+  types.insert(types.end(), {"const double*", "const int64_t*", "int64_t*"});
+  return types;
+}
+
 class CudaKernelRenderer {
  public:
   explicit CudaKernelRenderer(const Kernel& k) : k_(k) {}
@@ -318,14 +328,6 @@ std::vector<int> cuda_row_groups(const std::vector<Kernel>& kernels) {
     a = b + 1;
   }
   return start;
-}
-
-std::vector<std::string> cuda_parameter_types(const Kernel& k) {
-  std::vector<std::string> types;
-  for (size_t b = 0; b < k.buffers.size(); ++b)
-    types.push_back(fmt::format("{}{}*", b == 0 ? "" : "const ", storage_type(k.buffers[b].dtype)));
-  types.insert(types.end(), {"const double*", "const int64_t*", "int64_t*"});
-  return types;
 }
 
 namespace {

@@ -52,8 +52,5 @@ std::vector<int> cuda_row_groups(const std::vector<Kernel>& kernels);
 // every kernel alone).
 CudaSource render_cuda(const std::vector<Kernel>& kernels, const std::vector<int>& groups = {});
 
-// The parameter types every function of kernel `k` takes, in order ("float*", "const kiln_half*",
-// ..., "const double*", "const int64_t*", "int64_t*").
-std::vector<std::string> cuda_parameter_types(const Kernel& k);
 
 }  // namespace kiln::jit

@@ -26,6 +26,9 @@ namespace kiln::cuda {
 bool available();
 // True when cuda:0 is the host emulator (no GPU here, flags().cuda_emulator set at first query).
 bool emulated();
+// Whether `device` is a real GPU, where NVIDIA's libraries (cuBLASLt, cuDNN) run; the emulator's
+// library calls run on the CPU's.
+inline bool is_gpu(Device device) { return device.is_cuda() && !emulated(); }
 int device_count();  // 0 when unavailable
 // Why available() is false, in words (e.g. the runtime's "CUDA driver version is insufficient");
 // empty when it is true.

@@ -7,16 +7,12 @@
 
 namespace kiln {
 
-namespace {
-bool on_gpu(Device device) { return device.is_cuda() && !cuda::emulated(); }
-}  // namespace
-
 bool library_matmul(Device device, DType t) {
-  return on_gpu(device) ? cuda_library::supports_matmul(t) : onednn::supports_matmul(t);
+  return cuda::is_gpu(device) ? cuda_library::supports_matmul(t) : onednn::supports_matmul(t);
 }
 
 bool library_conv(Device device, DType t) {
-  return on_gpu(device) ? cuda_library::supports_conv(t) : onednn::supports_conv(t);
+  return cuda::is_gpu(device) ? cuda_library::supports_conv(t) : onednn::supports_conv(t);
 }
 
 }  // namespace kiln

@@ -24,6 +24,7 @@ struct State {
   Uint3 thread_idx, block_idx, block_dim, grid_dim;
   void (*sync_threads)();
   unsigned long long (*shfl_down)(unsigned long long bits, int delta);
+  void (*misaligned)(const void* p, unsigned long bytes);
 };
 
 // Three blocks: enough for every grid-stride loop to take uneven strides.
@@ -62,6 +63,13 @@ unsigned long long shfl_down(unsigned long long bits, int delta) {
   g_fibers[g_current].delta = delta;
   suspend(Wait::Shuffle);
   return g_fibers[g_current].value;
+}
+
+// The first misaligned vector access of the launch, reported when it ends (fibers never throw).
+std::string g_fault;
+
+void misaligned(const void* p, unsigned long bytes) {
+  if (g_fault.empty()) g_fault = fmt::format("a {}-byte vector access at {} (not {}-byte aligned: a fault on a GPU)", bytes, p, bytes);
 }
 
 void fiber_main() {
@@ -162,6 +170,8 @@ void launch(Entry entry, const CudaLaunch& launch, void** args) {
   if (g_fibers.size() < threads) g_fibers.resize(threads);
   g_state.sync_threads = sync_threads;
   g_state.shfl_down = shfl_down;
+  g_state.misaligned = misaligned;
+  g_fault.clear();
   g_entry = entry;
   g_args = args;
   const int64_t blocks = std::min(launch.blocks, kEmulatedBlocks);
@@ -171,6 +181,7 @@ void launch(Entry entry, const CudaLaunch& launch, void** args) {
     g_state.block_idx = {static_cast<unsigned int>(b), 0, 0};
     run_block(threads, launch.function);
   }
+  KILN_CHECK(g_fault.empty(), "cuda emulator", "kernel `{}`: {}", launch.function, g_fault);
 }
 
 }  // namespace kiln::jit::emulator

@@ -25,6 +25,7 @@ struct kiln_emu_state {
   kiln_uint3 thread_idx, block_idx, block_dim, grid_dim;
   void (*sync_threads)();
   unsigned long long (*shfl_down)(unsigned long long bits, int delta);
+  void (*misaligned)(const void* p, unsigned long bytes);
 };
 static kiln_emu_state* kiln_emu;
 extern "C" unsigned long kiln_emu_bind(kiln_emu_state* state) { kiln_emu = state; return sizeof(kiln_emu_state); }
@@ -41,6 +42,20 @@ template <class T> static inline T __shfl_down_sync(unsigned, T v, int delta) {
   T out;
   memcpy(&out, &bits, sizeof(T));
   return out;
+}
+
+// Vector loads and stores as jit/cuda_prelude.h has them; an address a GPU would fault on
+// (misaligned for the vector's size) is reported, and the access done bytewise so the launch ends.
+template <class T, int V> struct alignas(sizeof(T) * V) kiln_vec { T v[V]; };
+template <int V, class T> static inline kiln_vec<T, V> kiln_vload(const T* p) {
+  if ((uint64_t)p % sizeof(kiln_vec<T, V>)) kiln_emu->misaligned(p, sizeof(kiln_vec<T, V>));
+  kiln_vec<T, V> x;
+  memcpy(&x, p, sizeof x);
+  return x;
+}
+template <int V, class T> static inline void kiln_vstore(T* p, const kiln_vec<T, V>& x) {
+  if ((uint64_t)p % sizeof(kiln_vec<T, V>)) kiln_emu->misaligned(p, sizeof(kiln_vec<T, V>));
+  memcpy(p, &x, sizeof x);
 }
 
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }

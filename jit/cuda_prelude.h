@@ -1,6 +1,6 @@
 // Source text placed at the top of every generated CUDA translation unit, in two parts.
-// kCudaTypes is what NVRTC (which has no standard headers) needs first: fixed-width integer types
-// and CUDA's fp16/bf16 headers; the host emulator (jit/cuda_emulator.h) puts its own definitions
+// kCudaTypes is what NVRTC (which has no standard headers) needs first: fixed-width integer types,
+// CUDA's fp16/bf16 headers and vector loads; the host emulator (jit/cuda_emulator.h) puts its own definitions
 // of those and of CUDA's built-ins in its place. kCudaPrelude, compiled by both, holds the helpers
 // jit/cpu_prelude.h defines under the same names (element conversions, KILN_MAX/MIN, the index
 // check, the log of the normal transform) and what only CUDA needs (warp shuffles of any
@@ -21,6 +21,16 @@ typedef unsigned long long uint64_t;
 #define INT8_MIN (-128)
 #define INT32_MIN (-2147483647 - 1)
 #define INT64_MIN (-9223372036854775807LL - 1)
+
+// V elements in one aligned load or store (16 bytes at most: one LDG.128 / STG.128). The
+// renderer checks the alignment before it takes this path.
+template <class T, int V> struct alignas(sizeof(T) * V) kiln_vec { T v[V]; };
+template <int V, class T> static __device__ __forceinline__ kiln_vec<T, V> kiln_vload(const T* p) {
+  return *reinterpret_cast<const kiln_vec<T, V>*>(p);
+}
+template <int V, class T> static __device__ __forceinline__ void kiln_vstore(T* p, const kiln_vec<T, V>& x) {
+  *reinterpret_cast<kiln_vec<T, V>*>(p) = x;
+}
 )KILN";
 
 inline constexpr const char* kCudaPrelude = R"KILN(

@@ -60,12 +60,13 @@ std::string ValueRenderer::guard_text(const std::vector<Guard>& guards) const {
   return cond;
 }
 
-std::string ValueRenderer::expr_text(const Expr& e) const {
+std::string ValueRenderer::expr_text(const Expr& e, const std::string& element) const {
   const char* ct = compute_type(e.dtype);
   bool f64 = e.dtype == DType::Float64;
   switch (e.kind) {
     case Expr::Kind::Load: {
       DType t = k_.buffers[e.buffer].dtype;
+      if (!element.empty()) return load_value(t, element);
       if (e.guards.empty()) return load_value(t, fmt::format("{}[{}]", buf(e.buffer), idx(e.index)));
       return load_value(t, fmt::format("{}[({}) ? {} : 0]", buf(e.buffer), guard_text(e.guards), idx(e.index)));
     }
@@ -113,10 +114,11 @@ std::string ValueRenderer::expr_text(const Expr& e) const {
   return "";
 }
 
-void ValueRenderer::emit_values(std::string& out, const std::string& indent) const {
+void ValueRenderer::emit_values(std::string& out, const std::string& indent, const std::vector<std::string>& elements) const {
   for (size_t i = 0; i < k_.exprs.size(); ++i) {
     const Expr& e = k_.exprs[i];
-    out += fmt::format("{}const {} {} = {};\n", indent, compute_type(e.dtype), v(static_cast<int>(i)), expr_text(e));
+    const std::string element = i < elements.size() ? elements[i] : std::string();
+    out += fmt::format("{}const {} {} = {};\n", indent, compute_type(e.dtype), v(static_cast<int>(i)), expr_text(e, element));
   }
 }
 

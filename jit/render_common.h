@@ -88,9 +88,11 @@ class ValueRenderer {
   std::string idx(const IndexExpr& e) const { return k_.ctx.render(e); }
   std::string v(int id) const;                     // "v<id>"
   std::string guard_text(const std::vector<Guard>& guards) const;  // true where every guard holds
-  std::string expr_text(const Expr& e) const;
-  // `const <type> v<i> = <expr>;` for every value, in order.
-  void emit_values(std::string& out, const std::string& indent) const;
+  // `element` (when not empty) is the text of the element a Load reads, instead of buf[index].
+  std::string expr_text(const Expr& e, const std::string& element = {}) const;
+  // `const <type> v<i> = <expr>;` for every value, in order. `elements[i]`, where present and
+  // not empty, is the element Load i reads (a register the caller loaded, e.g. a vector lane).
+  void emit_values(std::string& out, const std::string& indent, const std::vector<std::string>& elements = {}) const;
 
  private:
   const Kernel& k_;

@@ -17,6 +17,7 @@ constexpr int kThreads = 256;              // threads per block (row reductions 
 constexpr int kColumnWarps = kThreads / 32;  // column reduce: warps sharing one tile's rows
 constexpr int64_t kMaxBlocks = 1 << 16;    // grid-stride loops cover the rest
 constexpr int64_t kThreadPerOutput = 32;   // row reductions this short fold in one thread
+constexpr int64_t kVectorMinimum = 2048;   // smaller elementwise kernels are latency-bound: no vector path
 
 // CUDA's math library (IEEE sqrt and division, no fast-math approximations).
 constexpr OpPatterns kCudaPatterns = with_math(kSharedPatterns, {
@@ -109,31 +110,100 @@ std::string CudaKernelRenderer::unflatten_reduce(size_t first, size_t last, cons
   return s;
 }
 
-// A thread takes kUnroll elements a grid-stride apart per trip: it computes all of them (every
-// load issued) before it stores any, so each thread keeps kUnroll loads in flight. One load at
-// a time per thread leaves too few bytes in flight to cover DRAM latency on a big GPU, and the
-// compiler cannot hoist a later element's loads above an earlier store through pointers that
-// may alias. A second loop level is unflattened from the flat index.
+// Which loads of an elementwise kernel read V consecutive elements for V consecutive outputs
+// (and so may be one vector load), and V: 16 bytes of the widest such element.
+struct VectorPlan {
+  int width = 0;           // 0: no vector path
+  std::vector<bool> load;  // per expr
+};
+
+// An index moves with the last loop by 1. With two loops (o, i), V outputs in a row (i % V == 0
+// to i + V - 1) read V neighbours when the row extent and o's coefficient are multiples of V, or
+// the row continues into the next (coefficient == row extent: the flat index plus a constant).
+VectorPlan vector_plan(const Kernel& k) {
+  VectorPlan plan;
+  const Loop& last = k.loops.back();
+  auto along_last = [&](const IndexExpr& e) { return k.ctx.is_affine(e) && k.ctx.coefficient(e, last.var) == 1; };
+  auto candidate = [&](const Expr& e) { return e.kind == Expr::Kind::Load && e.guards.empty() && along_last(e.index); };
+  size_t widest = dtype_size(k.buffers[0].dtype);
+  for (const Expr& e : k.exprs)
+    if (candidate(e)) widest = std::max(widest, dtype_size(k.buffers[e.buffer].dtype));
+  const int v = static_cast<int>(16 / widest);
+  auto contiguous = [&](const IndexExpr& e) {
+    if (!along_last(e)) return false;
+    if (k.loops.size() == 1) return true;
+    const int64_t c0 = k.ctx.coefficient(e, k.loops[0].var);
+    return c0 == last.extent || (last.extent % v == 0 && c0 % v == 0);
+  };
+  if (v < 2 || k.out_numel < kVectorMinimum || !contiguous(k.store_index)) return plan;
+  plan.width = v;
+  for (const Expr& e : k.exprs) plan.load.push_back(candidate(e) && contiguous(e.index));
+  return plan;
+}
+
+// Elementwise kernels take one of two paths, chosen at run time for the whole grid:
+// - vector: when every pointer a vector touches is aligned to its vector's size, a thread takes
+//   V consecutive outputs, reads each contiguous operand with one 16-byte (or narrower) load and
+//   writes with one store, two such groups a grid-stride apart per trip; the remainder of n / V
+//   is done element by element;
+// - scalar: a thread takes kUnroll elements a grid-stride apart per trip.
+// Either way a thread issues all its loads before any store, so it keeps several loads in flight
+// (one at a time leaves too few bytes in flight to cover DRAM latency on a big GPU, and the
+// compiler cannot hoist a later element's loads above an earlier store through pointers that may
+// alias). A second loop level is unflattened from the flat index.
 void CudaKernelRenderer::elementwise(std::string& out, std::vector<CudaLaunch>& launches) const {
-  constexpr int kUnroll = 4;
+  constexpr int kUnroll = 4, kVectors = 2;
   const int64_t n = k_.out_numel;
-  std::string loop_vars;
-  if (k_.loops.size() == 1) {
-    loop_vars = fmt::format("const int64_t {} = t;", k_.loops[0].var);
-  } else {
-    const int64_t inner = k_.loops[1].extent;
-    loop_vars = fmt::format("const int64_t {0} = t / {2}LL, {1} = t % {2}LL;", k_.loops[0].var, k_.loops[1].var, inner);
-  }
-  const std::string element = fmt::format("      const int64_t t = first + u * stride;\n      if (t >= {}LL) break;\n      {}\n",
-                                          n, loop_vars);
+  auto vars_at = [&](const std::string& flat) {
+    if (k_.loops.size() == 1) return fmt::format("const int64_t {} = {};", k_.loops[0].var, flat);
+    return fmt::format("const int64_t {0} = {2} / {3}LL, {1} = {2} % {3}LL;", k_.loops[0].var, k_.loops[1].var, flat,
+                       k_.loops[1].extent);
+  };
+  const std::string out_t = storage_type(k_.buffers[0].dtype);
+  const std::string store = store_value(k_.buffers[0].dtype, values_.v(k_.value));
   out += signature(k_.name);
   out += "  const int64_t stride = (int64_t)gridDim.x * blockDim.x;\n";
-  out += fmt::format("  for (int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; first < {}LL; "
-                     "first += {} * stride) {{\n", n, kUnroll);
-  out += fmt::format("    {} result[{}];\n", storage_type(k_.buffers[0].dtype), kUnroll);
+  out += "  const int64_t thread = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n";
+  if (const VectorPlan plan = vector_plan(k_); plan.width > 0) {
+    const int v = plan.width;
+    const int64_t vectored = n / v * v;
+    std::string aligned = fmt::format("(uint64_t)({}) % {}", values_.buf(0), v * dtype_size(k_.buffers[0].dtype));
+    std::string declare, address, elements;
+    std::vector<std::string> lanes(k_.exprs.size());
+    for (size_t i = 0; i < k_.exprs.size(); ++i) {
+      if (!plan.load[i]) continue;
+      const Expr& e = k_.exprs[i];
+      const DType t = k_.buffers[e.buffer].dtype;
+      aligned += fmt::format(" | (uint64_t)({} + {}) % {}", values_.buf(e.buffer), e.index.constant, v * dtype_size(t));
+      declare += fmt::format("        kiln_vec<{}, {}> l{};\n", storage_type(t), v, i);
+      address += fmt::format("          l{} = kiln_vload<{}>({} + ({}));\n", i, v, values_.buf(e.buffer), values_.idx(e.index));
+      lanes[i] = fmt::format("l{}.v[u]", i);
+    }
+    out += fmt::format("  if (({}) == 0) {{\n", aligned);
+    out += fmt::format("    for (int64_t first0 = thread * {0}; first0 < {1}LL; first0 += {2} * {0} * stride) {{\n", v, vectored, kVectors);
+    out += fmt::format("      kiln_vec<{}, {}> result[{}];\n      {}* dst[{}];\n", out_t, v, kVectors, out_t, kVectors);
+    out += fmt::format("#pragma unroll\n      for (int w = 0; w < {}; ++w) {{\n", kVectors);
+    out += fmt::format("        const int64_t first = first0 + w * {} * stride;\n        if (first >= {}LL) break;\n", v, vectored);
+    out += declare + "        {\n          " + vars_at("first") + "\n" + address;
+    out += fmt::format("          dst[w] = {} + ({});\n        }}\n", values_.buf(0), values_.idx(k_.store_index));
+    out += fmt::format("#pragma unroll\n        for (int u = 0; u < {}; ++u) {{\n", v);
+    out += "          const int64_t t = first + u;\n          " + vars_at("t") + "\n";
+    values_.emit_values(out, "          ", lanes);
+    out += fmt::format("          result[w].v[u] = {};\n        }}\n      }}\n", store);
+    out += fmt::format("#pragma unroll\n      for (int w = 0; w < {}; ++w) {{\n", kVectors);
+    out += fmt::format("        if (first0 + w * {} * stride >= {}LL) break;\n", v, vectored);
+    out += fmt::format("        kiln_vstore<{}>(dst[w], result[w]);\n      }}\n    }}\n", v);
+    out += fmt::format("    for (int64_t t = {}LL + thread; t < {}LL; t += stride) {{\n      {}\n", vectored, n, vars_at("t"));
+    values_.emit_values(out, "      ");
+    out += fmt::format("      {}[{}] = {};\n    }}\n    return;\n  }}\n", values_.buf(0), values_.idx(k_.store_index), store);
+  }
+  const std::string element = fmt::format("      const int64_t t = first + u * stride;\n      if (t >= {}LL) break;\n      {}\n",
+                                          n, vars_at("t"));
+  out += fmt::format("  for (int64_t first = thread; first < {}LL; first += {} * stride) {{\n", n, kUnroll);
+  out += fmt::format("    {} result[{}];\n", out_t, kUnroll);
   out += fmt::format("#pragma unroll\n    for (int u = 0; u < {}; ++u) {{\n", kUnroll) + element;
   values_.emit_values(out, "      ");
-  out += fmt::format("      result[u] = {};\n    }}\n", store_value(k_.buffers[0].dtype, values_.v(k_.value)));
+  out += fmt::format("      result[u] = {};\n    }}\n", store);
   out += fmt::format("#pragma unroll\n    for (int u = 0; u < {}; ++u) {{\n", kUnroll) + element;
   out += fmt::format("      {}[{}] = result[u];\n    }}\n  }}\n}}\n", values_.buf(0), values_.idx(k_.store_index));
   launches.push_back({k_.name, blocks_for(n, int64_t{kThreads} * kUnroll), kThreads});

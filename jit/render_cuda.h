@@ -1,6 +1,6 @@
 // The CUDA renderer: kernel IR -> one CUDA C++ translation unit for NVRTC (jit/nvrtc.h), from
 // the same kernels the C++ renderer gets. Elementwise kernels are grid-stride loops over the
-// output; row reductions fold one output per block (warp shuffles, then across warps), or one
+// output, reading and writing 16-byte vectors where operands are contiguous and aligned; row reductions fold one output per block (warp shuffles, then across warps), or one
 // output per thread when the reduced extent is tiny; column reductions give each warp 32
 // neighbouring outputs and 8 warps share the reduced rows; scatter kernels zero the output and
 // then add with atomics. Values are computed in fp32 for fp16/bf16 data.

@@ -261,3 +261,28 @@ TEST_CASE("running out of device memory is a kiln::Error with a report, and noth
   CHECK_THROWS_AS(sync({kept, shifted}), Error);
   CHECK(kept.to_vector<float>() == before_doubled(before));
 }
+
+// Elementwise kernels over contiguous data read and write 16-byte vectors when every pointer is
+// aligned, else element by element; both paths, the remainder of n / V, row broadcasts and
+// offsets. On the emulator a misaligned vector access is a kiln::Error, so a wrong alignment
+// check fails here as it would fault on a GPU.
+TEST_CASE("CUDA vector loads: aligned, offset, broadcast and odd-sized operands", "[cuda][device][cuda_ops][vector]") {
+  if (!have_cuda()) return;
+  for (DType t : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
+    Tensor a = normal({10007}, t), b = normal({10007}, t);
+    compare("flat", {a, b}, [](auto& x) { return std::vector<Tensor>{x[0] * x[1] + 1.0, exp(x[0])}; });
+    compare("offset slices", {a, b}, [](auto& x) {
+      return std::vector<Tensor>{slice(x[0], 0, 1, 9001) + slice(x[1], 0, 3, 9003),     // misaligned: scalar path
+                                 slice(x[0], 0, 8, 9008) * slice(x[1], 0, 16, 9016)};  // aligned with an offset
+    });
+    Tensor m = normal({96, 256}, t), row = normal({256}, t), odd = normal({41, 131}, t), odd_row = normal({131}, t);
+    compare("row broadcast", {m, row, odd, odd_row}, [](auto& x) {
+      return std::vector<Tensor>{x[0] + x[1], x[2] * x[3], relu(x[2] - 0.25)};
+    });
+  }
+  Tensor h = normal({64, 160}, DType::Float16), f = normal({64, 160});
+  compare("mixed widths", {h, f}, [](auto& x) {
+    return std::vector<Tensor>{cast(x[0], DType::Float32) * x[1], cast(gt(x[1], zeros_like(x[1])), DType::Float32),
+                               where(gt(x[0], cast(x[1], DType::Float16)), x[0], cast(x[1], DType::Float16))};
+  });
+}

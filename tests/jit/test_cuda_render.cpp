@@ -103,6 +103,8 @@ class CudaCompileCheck {
     }
     kernels_ += pending_.size();
     functions_ += cuda.function_count;
+    for (size_t at = cuda.functions.find("kiln_vstore<"); at != std::string::npos; at = cuda.functions.find("kiln_vstore<", at + 1))
+      vector_paths_++;
     pending_.clear();
     groups_.clear();
     names_.clear();
@@ -115,6 +117,7 @@ class CudaCompileCheck {
   int64_t cached() const { return cached_; }
   int64_t library_kernels() const { return library_kernels_; }
   int64_t row_groups() const { return row_groups_; }
+  int64_t vector_paths() const { return vector_paths_; }
   int64_t failures() const { return failures_; }
   const std::vector<std::string>& refused() const { return refused_; }
 
@@ -124,7 +127,8 @@ class CudaCompileCheck {
   std::vector<int> groups_;  // per pending kernel, the first of its row group
   std::vector<std::string> names_;
   std::vector<std::string> refused_;
-  int64_t graphs_ = 0, kernels_ = 0, functions_ = 0, programs_ = 0, cached_ = 0, library_kernels_ = 0, failures_ = 0, row_groups_ = 0;
+  int64_t graphs_ = 0, kernels_ = 0, functions_ = 0, programs_ = 0, cached_ = 0, library_kernels_ = 0, failures_ = 0, row_groups_ = 0,
+          vector_paths_ = 0;
 };
 
 void elementwise_graphs(CudaCompileCheck& check) {
@@ -363,15 +367,16 @@ TEST_CASE("every kernel of the test graphs renders to CUDA and compiles with NVR
   for (const std::string& r : check.refused()) refused += " '" + r + "'";
   std::cout << fmt::format(
                    "[cuda] NVRTC {}: {} kernels ({} CUDA functions) from {} graphs compiled for sm_80 and sm_90 in {} "
-                   "programs ({} from the disk cache), {:.1f} s; {} row groups; {} library kernels skipped; graphs the op "
+                   "programs ({} from the disk cache), {:.1f} s; {} row groups; {} elementwise kernels with a 16-byte vector path; {} library kernels skipped; graphs the op "
                    "library refused:{}\n",
                    jit::nvrtc_version(), check.kernels(), check.functions(), check.graphs(), check.programs(),
-                   check.cached(), seconds, check.row_groups(), check.library_kernels(), refused.empty() ? " none" : refused)
+                   check.cached(), seconds, check.row_groups(), check.vector_paths(), check.library_kernels(), refused.empty() ? " none" : refused)
             << std::flush;
   CHECK(check.failures() == 0);
   CHECK(check.kernels() > 300);
   CHECK(check.library_kernels() > 0);
   CHECK(check.row_groups() > 0);  // softmax, layer norm, ... as one function each
+  CHECK(check.vector_paths() > 0);
 }
 
 TEST_CASE("NVRTC reports a compile error with its log and the saved source", "[cuda][jit]") {
@@ -410,4 +415,60 @@ TEST_CASE("NVRTC cubins are cached by source and architecture", "[cuda][jit]") {
   REQUIRE(cuda.launches.size() == 1);
   CHECK(cuda.launches[0].size() == 1);
   CHECK(cuda.launches[0][0].blocks >= 1);
+}
+
+namespace {
+
+// The CUDA source of the one kernel that computes what `make` returns (its temporaries gone).
+std::string cuda_function_of(const std::function<Tensor()>& make) {
+  Tensor out = make();
+  std::vector<NodePtr> targets = {out.node()};
+  jit::Schedule schedule = jit::schedule_for(targets);
+  std::string kernels;
+  for (const jit::Kernel& k : schedule.kernels) kernels += k.summary + "; ";
+  INFO(kernels);
+  REQUIRE(schedule.kernels.size() == 1);
+  return jit::render_cuda(schedule.kernels).functions;
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) n++;
+  return n;
+}
+
+}  // namespace
+
+// Renderer only (no NVRTC): which operands of an elementwise kernel become 16-byte vector loads.
+// Whether the kernels compute the right thing on every path is checked on the emulator
+// (test_cuda_ops.cpp), which also faults on a misaligned vector access.
+TEST_CASE("contiguous elementwise kernels read and write 16-byte vectors", "[cuda][jit][vector]") {
+  Tensor x = input({64, 128}, DType::Float32), bias = input({128}, DType::Float32);
+  std::string f = cuda_function_of([&] { return x * 2.0 + bias; });
+  CHECK(count(f, "kiln_vload<4>(") == 2);  // x and the bias row: 4 floats of one row
+  CHECK(count(f, "kiln_vstore<4>(") == 1);
+
+  Tensor h = input({64, 128}, DType::Float16);
+  f = cuda_function_of([&] { return exp(h); });
+  CHECK(count(f, "kiln_vload<8>(") == 1);  // 8 halves in 16 bytes
+  f = cuda_function_of([&] { return cast(h, DType::Float32) + x; });
+  CHECK(count(f, "kiln_vload<4>(") == 2);  // 4 floats, and 4 halves in 8 bytes
+  f = cuda_function_of([] { return input({64, 128}, DType::Float64) * 3.0; });
+  CHECK(count(f, "kiln_vload<2>(") == 1);
+
+  // Rows of 127: a bias read at i is not contiguous across rows, x (read at the flat index) is.
+  Tensor odd = input({33, 127}, DType::Float32), odd_bias = input({127}, DType::Float32);
+  f = cuda_function_of([&] { return odd + odd_bias; });
+  CHECK(count(f, "kiln_vload<4>(") == 1);
+  CHECK(count(f, "kiln_vstore<4>(") == 1);
+
+  // A slice starting one element in: the alignment check includes the offset.
+  Tensor flat = input({8193}, DType::Float32);
+  f = cuda_function_of([&] { return slice(flat, 0, 1, 8193) + 1.0; });
+  CHECK(f.find("% 16") != std::string::npos);
+  CHECK(f.find("+ 1) % 16") != std::string::npos);
+
+  // Transposed reads, and small kernels, keep the scalar path.
+  CHECK(count(cuda_function_of([&] { return permute(x, {1, 0}) + 1.0; }), "kiln_vload") == 0);
+  CHECK(count(cuda_function_of([] { return input({100}, DType::Float32) + 1.0; }), "kiln_vload") == 0);
 }

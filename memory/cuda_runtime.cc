@@ -2,9 +2,12 @@
 // them, and answers of "no device" when the build has no CUDA toolkit (KILN_WITH_CUDA=0).
 #include "memory/cuda_runtime.h"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -12,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/flags.h"
+#include "memory/staging_ring.h"
 
 #if KILN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -207,10 +211,143 @@ constexpr int kToDevice = cudaMemcpyHostToDevice, kToHost = cudaMemcpyDeviceToHo
 constexpr int kToDevice = 1, kToHost = 2, kOnDevice = 3;
 #endif
 
-// A host-to-device copy from pageable memory returns once the source is staged, so the caller
-// may reuse `host_src` at once.
+// ---- events ----
+
+namespace {
+double host_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+Event::Event(int device) : device_(device) {
+  check_device(Device::cuda(device), "cuda::Event");
+  if (emulated()) return;
+#if KILN_WITH_CUDA
+  use_device(device);
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreate(&e), fmt::format("creating an event on cuda:{}", device));
+  event_ = e;
+#endif
+}
+
+Event::~Event() {
+#if KILN_WITH_CUDA
+  if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));  // a failure here has no one to tell
+#endif
+}
+
+void Event::record() {
+  void* s = stream(device_);
+  recorded_ = true;
+  host_ms_ = host_ms();
+  if (emulated()) return;
+#if KILN_WITH_CUDA
+  use_device(device_);
+  check(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(s)), "cudaEventRecord");
+#else
+  (void)s;
+#endif
+}
+
+bool Event::done() const {
+  if (emulated() || !recorded_) return true;
+#if KILN_WITH_CUDA
+  const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event_));
+  if (e == cudaErrorNotReady) return false;
+  check(e, fmt::format("work queued on cuda:{} (a kernel or library call failed)", device_));
+#endif
+  return true;
+}
+
+void Event::synchronize() const {
+  if (emulated() || !recorded_) return;
+#if KILN_WITH_CUDA
+  check(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)),
+        fmt::format("waiting for work queued on cuda:{} (a kernel or library call failed)", device_));
+#endif
+}
+
+double Event::elapsed_ms(const Event& start, const Event& end) {
+  KILN_CHECK(start.recorded_ && end.recorded_, "cuda::Event::elapsed_ms", "both events must be recorded first");
+  KILN_CHECK(start.device_ == end.device_, "cuda::Event::elapsed_ms", "events on cuda:{} and cuda:{}; time events "
+             "of one device", start.device_, end.device_);
+  if (emulated()) return end.host_ms_ - start.host_ms_;
+  float ms = 0;
+#if KILN_WITH_CUDA
+  end.synchronize();
+  check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.event_), static_cast<cudaEvent_t>(end.event_)),
+        "cudaEventElapsedTime");
+#endif
+  return ms;
+}
+
+// ---- pinned staging of host-to-device copies ----
+
+namespace {
+
+// One device's staging buffer, its ring of regions in flight, and the events marking their
+// copies' ends (kept for reuse). The buffer is allocated on first use; nullptr after a failed
+// allocation, when copies go from pageable memory.
+struct Staging {
+  std::mutex mutex;
+  bool tried = false;
+  unsigned char* buffer = nullptr;
+  memory::StagingRing ring{kStagingBytes};
+  std::vector<std::unique_ptr<Event>> events;
+  std::vector<Event*> free_events;
+};
+
+unsigned char* allocate_pinned(size_t bytes) {
+  if (emulated()) return static_cast<unsigned char*>(std::aligned_alloc(4096, bytes));
+#if KILN_WITH_CUDA
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) == cudaSuccess) return static_cast<unsigned char*>(p);
+  cudaGetLastError();  // e.g. a locked-memory limit: copy from pageable memory instead
+#endif
+  (void)bytes;
+  return nullptr;
+}
+
+// Never destroyed: copies may be queued while the process exits.
+Staging& staging(int index) {
+  static std::vector<Staging*>& all = *new std::vector<Staging*>([] {
+    std::vector<Staging*> v(static_cast<size_t>(device_count()));
+    for (Staging*& s : v) s = new Staging;
+    return v;
+  }());
+  return *all[static_cast<size_t>(index)];
+}
+
+}  // namespace
+
 void copy_to_device(int index, void* device_dst, const void* host_src, size_t bytes) {
-  copy(index, device_dst, host_src, bytes, kToDevice, false, "copy to device");
+  stream(index);  // checks the device
+  if (bytes == 0) return;
+  Staging& st = staging(index);
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (!st.tried) {
+    st.tried = true;
+    st.buffer = allocate_pinned(kStagingBytes);
+  }
+  if (!st.buffer) return copy(index, device_dst, host_src, bytes, kToDevice, false, "copy to device");
+  auto release = [&](void* token) { st.free_events.push_back(static_cast<Event*>(token)); };
+  st.ring.reclaim([&](void* token) { return static_cast<Event*>(token)->done() ? (release(token), true) : false; });
+  // Pieces of a quarter of the ring: a long copy streams through it while earlier pieces land.
+  constexpr size_t kPiece = kStagingBytes / 4;
+  for (size_t offset = 0; offset < bytes; offset += kPiece) {
+    const size_t n = std::min(kPiece, bytes - offset);
+    const size_t at = st.ring.reserve(n, [&](void* token) {
+      static_cast<Event*>(token)->synchronize();
+      release(token);
+    });
+    std::memcpy(st.buffer + at, static_cast<const unsigned char*>(host_src) + offset, n);
+    copy(index, static_cast<unsigned char*>(device_dst) + offset, st.buffer + at, n, kToDevice, false, "copy to device");
+    if (st.free_events.empty()) st.free_events.push_back(st.events.emplace_back(std::make_unique<Event>(index)).get());
+    Event* done = st.free_events.back();
+    st.free_events.pop_back();
+    done->record();
+    st.ring.commit(at, n, done);
+  }
 }
 
 void copy_to_host(int index, void* host_dst, const void* device_src, size_t bytes) {

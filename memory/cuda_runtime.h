@@ -57,9 +57,34 @@ void* stream(int index);
 // runtime's message if an earlier kernel failed.
 void synchronize(int index);
 
+// A point in the work queued on stream(device): record() marks it, done() asks without waiting,
+// synchronize() waits for it, elapsed_ms() is the GPU time between two recorded events. On the
+// emulator work runs when queued, so an event is done once recorded.
+class Event {
+ public:
+  explicit Event(int device);
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  void record();
+  bool done() const;
+  void synchronize() const;
+  static double elapsed_ms(const Event& start, const Event& end);
+
+ private:
+  int device_;
+  void* event_ = nullptr;  // cudaEvent_t
+  double host_ms_ = 0;     // the emulator's record time
+  bool recorded_ = false;
+};
+
 // Copies of `bytes` between host memory and device `index`, ordered on stream(index).
-// copy_to_device returns once `host_src` may be reused (the data is staged); copy_to_host
-// returns when `host_dst` holds the data.
+// copy_to_device returns once `host_src` may be reused: its bytes are staged in a pinned buffer
+// (a ring of kStagingBytes per device, waited on only when full) and the copy from there is
+// queued, so the host does not wait for the device's earlier work. copy_to_host returns when
+// `host_dst` holds the data.
+inline constexpr size_t kStagingBytes = size_t{64} << 20;
 void copy_to_device(int index, void* device_dst, const void* host_src, size_t bytes);
 void copy_to_host(int index, void* host_dst, const void* device_src, size_t bytes);
 // Queued on stream(index): a device-to-device copy, and every byte of [p, p + bytes) set to `value`.

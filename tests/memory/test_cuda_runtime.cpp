@@ -73,3 +73,45 @@ TEST_CASE("tensors and modules round-trip through device memory", "[cuda][device
   CHECK(fc.weight.to_vector<float>() == w);
   CHECK(fc.weight.requires_grad());
 }
+
+TEST_CASE("host-to-device copies stage through the pinned ring, in pieces when long", "[cuda][device][staging]") {
+  if (!cuda::available()) {
+    WARN("SKIPPED: no CUDA device (" << cuda::unavailable_reason() << ")");
+    return;
+  }
+  // More than the ring holds, an odd size, then many small copies that wrap around it.
+  const size_t n = cuda::kStagingBytes / sizeof(float) * 2 + 12345;
+  std::vector<float> host(n);
+  for (size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % 100003) * 0.5f;
+  Tensor big = from_vector<float>(host, {static_cast<int64_t>(n)}).to(Device::cuda(0));
+  std::vector<Tensor> small;
+  for (int i = 0; i < 300; ++i) {
+    std::vector<float> v(50000 + static_cast<size_t>(i), static_cast<float>(i));
+    small.push_back(from_vector<float>(v, {static_cast<int64_t>(v.size())}).to(Device::cuda(0)));
+  }
+  CHECK(big.to_vector<float>() == host);
+  for (int i = 0; i < 300; ++i) {
+    std::vector<float> got = small[static_cast<size_t>(i)].to_vector<float>();
+    REQUIRE(got.size() == 50000 + static_cast<size_t>(i));
+    CHECK(got.front() == static_cast<float>(i));
+    CHECK(got.back() == static_cast<float>(i));
+  }
+}
+
+TEST_CASE("CUDA events mark points in the stream and time what lies between", "[cuda][device]") {
+  if (!cuda::available()) {
+    WARN("SKIPPED: no CUDA device (" << cuda::unavailable_reason() << ")");
+    return;
+  }
+  cuda::Event start(0), end(0);
+  CHECK(start.done());  // never recorded: nothing to wait for
+  CHECK_THROWS_WITH(cuda::Event::elapsed_ms(start, end), Catch::Contains("recorded"));
+  start.record();
+  Tensor x = randn({1 << 20}).to(Device::cuda(0));
+  Tensor y = (exp(x) * 2.0).realize();
+  end.record();
+  end.synchronize();
+  CHECK(end.done());
+  CHECK(cuda::Event::elapsed_ms(start, end) >= 0);
+  CHECK_THROWS_AS(cuda::Event(cuda::device_count()), Error);
+}

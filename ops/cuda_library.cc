@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "core/device.h"
 #include "core/error.h"
@@ -397,14 +398,23 @@ cudnnDataType_t cudnn_type(DType t) {
   return t == DType::Float16 ? CUDNN_DATA_HALF : t == DType::BFloat16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
 }
 
+// One way to run a pass: a cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t, the math type the
+// descriptor takes with it, and the workspace it needs.
+struct ConvChoice {
+  int algo = 0;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+  size_t workspace_bytes = 0;
+};
+
 // Descriptors of x (N, C, H, W), w (OC, C / groups, KH, KW), y (N, OC, OH, OW) and the window, and
-// the algorithm for one pass (a cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t).
+// the usable algorithms for one pass in cuDNN's ranking: the heuristics rank without running, so
+// one may still answer NOT_SUPPORTED when called; it is dropped and the next one tried.
 struct ConvPlan {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
-  int algo = 0;
-  size_t workspace_bytes = 0;
+  std::vector<ConvChoice> choices;
+  size_t ranked = 0;  // how many cuDNN ranked, for the report when none is usable
 
   ConvPlan() = default;
   ConvPlan(const ConvPlan&) = delete;
@@ -433,14 +443,21 @@ ConvState& conv_state() {
   return *state;
 }
 
-// The first of cuDNN's ranked algorithms that passed its checks, keeps the precision kiln asked
-// for, and needs at most kConvWorkspaceLimit. cuDNN picks tensor-core kernels from the algorithm
+template <class Describe>
+[[noreturn]] void no_conv_algorithm(const ConvPlan& plan, const Describe& describe) {
+  KILN_FAIL(kConvOp, "cuDNN offers no algorithm for this convolution ({} ranked, none usable with at most {} of "
+            "workspace at this precision); {}", plan.ranked, memory::format_bytes(kConvWorkspaceLimit), describe());
+}
+
+// cuDNN's ranked algorithms that passed its checks, keep the precision kiln asked for, and need
+// at most kConvWorkspaceLimit, in rank order. cuDNN picks tensor-core kernels from the algorithm
 // and the descriptor's math type together, so the descriptor takes the algorithm's math type;
 // float32 without tf32 stays on FMA math (no TF32 rounding). Conversion math (inputs rounded to a
 // narrower type) is never taken.
 template <class Perf, class WorkspaceSize, class Describe>
-void choose_algorithm(ConvPlan& plan, const Perf* perf, int count, bool fma_only, const WorkspaceSize& workspace_size,
-                      const Describe& describe) {
+void choose_algorithms(ConvPlan& plan, const Perf* perf, int count, bool fma_only, const WorkspaceSize& workspace_size,
+                       const Describe& describe) {
+  plan.ranked = static_cast<size_t>(count);
   for (int i = 0; i < count; ++i) {
     const Perf& p = perf[i];
     if (p.status != CUDNN_STATUS_SUCCESS || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
@@ -449,12 +466,9 @@ void choose_algorithm(ConvPlan& plan, const Perf* perf, int count, bool fma_only
     check_cudnn(cudnnSetConvolutionMathType(plan.conv, math), "cudnnSetConvolutionMathType", describe);
     size_t bytes = 0;
     if (workspace_size(p.algo, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kConvWorkspaceLimit) continue;
-    plan.algo = static_cast<int>(p.algo);
-    plan.workspace_bytes = bytes;
-    return;
+    plan.choices.push_back({static_cast<int>(p.algo), math, bytes});
   }
-  KILN_FAIL(kConvOp, "cuDNN offers no algorithm for this convolution ({} ranked, none usable with at most {} of "
-            "workspace at this precision); {}", count, memory::format_bytes(kConvWorkspaceLimit), describe());
+  if (plan.choices.empty()) no_conv_algorithm(plan, describe);
 }
 
 template <class Describe>
@@ -500,7 +514,7 @@ std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t handle, onednn::ConvPass 
       check_cudnn(cudnnGetConvolutionForwardAlgorithm_v7(handle, plan->x, plan->w, plan->conv, plan->y,
                                                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf),
                   "cudnnGetConvolutionForwardAlgorithm_v7", describe);
-      choose_algorithm(*plan, perf, found, fma_only, [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
+      choose_algorithms(*plan, perf, found, fma_only, [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
         return cudnnGetConvolutionForwardWorkspaceSize(handle, plan->x, plan->w, plan->conv, plan->y, algo, bytes);
       }, describe);
       break;
@@ -510,7 +524,7 @@ std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t handle, onednn::ConvPass 
       check_cudnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, plan->w, plan->y, plan->conv, plan->x,
                                                               CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf),
                   "cudnnGetConvolutionBackwardDataAlgorithm_v7", describe);
-      choose_algorithm(*plan, perf, found, fma_only, [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
+      choose_algorithms(*plan, perf, found, fma_only, [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
         return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, plan->w, plan->y, plan->conv, plan->x, algo,
                                                             bytes);
       }, describe);
@@ -522,7 +536,7 @@ std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t handle, onednn::ConvPass 
                                                                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found,
                                                                 perf),
                   "cudnnGetConvolutionBackwardFilterAlgorithm_v7", describe);
-      choose_algorithm(*plan, perf, found, fma_only, [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
+      choose_algorithms(*plan, perf, found, fma_only, [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
         return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, plan->x, plan->y, plan->conv, plan->w, algo,
                                                               bytes);
       }, describe);
@@ -551,33 +565,48 @@ void run_conv(int device, onednn::ConvPass pass, DType t, const onednn::ConvGeom
                     g.padding[0], g.padding[1], g.dilation[0], g.dilation[1], g.groups};
   auto it = state.plans.find(key);
   if (it == state.plans.end()) it = state.plans.emplace(key, make_conv_plan(handle, pass, t, tf32, g, describe)).first;
-  const ConvPlan& plan = *it->second;
-  // Released when this call returns, with the convolution only queued: the pool hands it out
-  // again to work queued later on the same stream.
-  std::shared_ptr<Storage> workspace;
-  if (plan.workspace_bytes > 0) workspace = memory::allocate_storage(plan.workspace_bytes, Device::cuda(device));
-  void* workspace_data = workspace ? workspace->data : nullptr;
+  ConvPlan& plan = *it->second;
   // beta = 0: the output is overwritten and never read (it may hold NaN).
   const float one = 1.0f, zero = 0.0f;
-  switch (pass) {
-    case onednn::ConvPass::Forward:  // a = x, b = w, out = y
-      check_cudnn(cudnnConvolutionForward(handle, &one, plan.x, a, plan.w, b, plan.conv,
-                                          static_cast<cudnnConvolutionFwdAlgo_t>(plan.algo), workspace_data,
-                                          plan.workspace_bytes, &zero, plan.y, out),
-                  "cudnnConvolutionForward", describe);
-      break;
-    case onednn::ConvPass::BackwardData:  // a = dy, b = w, out = dx
-      check_cudnn(cudnnConvolutionBackwardData(handle, &one, plan.w, b, plan.y, a, plan.conv,
-                                               static_cast<cudnnConvolutionBwdDataAlgo_t>(plan.algo), workspace_data,
-                                               plan.workspace_bytes, &zero, plan.x, out),
-                  "cudnnConvolutionBackwardData", describe);
-      break;
-    case onednn::ConvPass::BackwardWeight:  // a = x, b = dy, out = dw
-      check_cudnn(cudnnConvolutionBackwardFilter(handle, &one, plan.x, a, plan.y, b, plan.conv,
-                                                 static_cast<cudnnConvolutionBwdFilterAlgo_t>(plan.algo),
-                                                 workspace_data, plan.workspace_bytes, &zero, plan.w, out),
-                  "cudnnConvolutionBackwardFilter", describe);
-      break;
+  for (;;) {
+    if (plan.choices.empty()) no_conv_algorithm(plan, describe);
+    const ConvChoice choice = plan.choices.front();
+    check_cudnn(cudnnSetConvolutionMathType(plan.conv, choice.math), "cudnnSetConvolutionMathType", describe);
+    // Released when this call returns, with the convolution only queued: the pool hands it out
+    // again to work queued later on the same stream.
+    std::shared_ptr<Storage> workspace;
+    if (choice.workspace_bytes > 0) workspace = memory::allocate_storage(choice.workspace_bytes, Device::cuda(device));
+    void* const space = workspace ? workspace->data : nullptr;
+    const size_t bytes = choice.workspace_bytes;
+    cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
+    const char* call = "";
+    switch (pass) {
+      case onednn::ConvPass::Forward:  // a = x, b = w, out = y
+        call = "cudnnConvolutionForward";
+        status = cudnnConvolutionForward(handle, &one, plan.x, a, plan.w, b, plan.conv,
+                                         static_cast<cudnnConvolutionFwdAlgo_t>(choice.algo), space, bytes, &zero,
+                                         plan.y, out);
+        break;
+      case onednn::ConvPass::BackwardData:  // a = dy, b = w, out = dx
+        call = "cudnnConvolutionBackwardData";
+        status = cudnnConvolutionBackwardData(handle, &one, plan.w, b, plan.y, a, plan.conv,
+                                              static_cast<cudnnConvolutionBwdDataAlgo_t>(choice.algo), space, bytes,
+                                              &zero, plan.x, out);
+        break;
+      case onednn::ConvPass::BackwardWeight:  // a = x, b = dy, out = dw
+        call = "cudnnConvolutionBackwardFilter";
+        status = cudnnConvolutionBackwardFilter(handle, &one, plan.x, a, plan.y, b, plan.conv,
+                                                static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algo), space,
+                                                bytes, &zero, plan.w, out);
+        break;
+    }
+    // Refused before anything was queued: this algorithm never runs for this plan; try the next.
+    if (CUDNN_STATUS_CATEGORY(status) == CUDNN_STATUS_NOT_SUPPORTED) {
+      plan.choices.erase(plan.choices.begin());
+      continue;
+    }
+    check_cudnn(status, call, describe);
+    return;
   }
 }
 

@@ -4,8 +4,8 @@
 // when cuda::emulated(). Launches are queued on cuda::stream(device).
 //
 //   CudaKernels kernels(schedule.kernels, 0);
-//   void* args[] = {&out, &in, &sc, &isc, &err};  // pointers to device pointers, in the
-//   kernels.launch(k, args);                      // order of kernels.parameter_slots(k)
+//   void* args[] = {&out, &in, &sc, &isc, &err, &scratch};  // pointers to device pointers, in
+//   kernels.launch(k, args);                                // the order of parameter_slots(k)
 #pragma once
 #include <memory>
 #include <string>
@@ -28,9 +28,11 @@ class CudaKernels {
   CudaKernels& operator=(const CudaKernels&) = delete;
 
   // Queues every function of kernel `k` in order (none for a later phase of a row group); `args`
-  // as for cudaLaunchKernel: the buffers of parameter_slots(k), then sc, isc, err.
+  // as for cudaLaunchKernel: the buffers of parameter_slots(k), then sc, isc, err and a scratch
+  // buffer of scratch_bytes().
   void launch(size_t k, void** args) const;
   const std::vector<int>& parameter_slots(size_t k) const { return source_.parameter_slots[k]; }
+  int64_t scratch_bytes() const { return source_.scratch_bytes; }
   int function_count() const { return source_.function_count; }
 
  private:

@@ -323,12 +323,14 @@ void run_conv(const Kernel& k, void* const* ptrs, Device device) {
 }
 
 // A CUDA plan's bound values in device memory: scalars (sc), Rand seeds and offsets (isc), and an
-// index-error pair (value, flag) per kernel that can fail, zeroed. Copied in one transfer.
+// index-error pair (value, flag) per kernel that can fail, zeroed, copied in one transfer; after
+// them the kernels' scratch buffer (not copied).
 struct DeviceScalars {
   std::shared_ptr<Storage> storage;
   const double* sc = nullptr;
   const int64_t* isc = nullptr;
   int64_t* err = nullptr;  // pair i belongs to plan.fallible[i]
+  void* scratch = nullptr;
 };
 
 DeviceScalars upload_scalars(const Plan& plan, const std::vector<double>& scalars, const std::vector<int64_t>& ints) {
@@ -337,12 +339,15 @@ DeviceScalars upload_scalars(const Plan& plan, const std::vector<double>& scalar
   std::memcpy(host.data(), scalars.data(), scalars.size() * sizeof(double));
   std::memcpy(host.data() + scalars.size(), ints.data(), ints.size() * sizeof(int64_t));
   DeviceScalars d;
-  d.storage = memory::allocate_storage(host.size() * sizeof(int64_t), plan.device);
+  const size_t bytes = (host.size() * sizeof(int64_t) + 15) / 16 * 16;  // scratch holds 16-byte values at most
+  const auto scratch = static_cast<size_t>(plan.cuda ? plan.cuda->scratch_bytes() : 0);
+  d.storage = memory::allocate_storage(bytes + scratch, plan.device);
   cuda::copy_to_device(plan.device.index, d.storage->data, host.data(), host.size() * sizeof(int64_t));
   auto* base = static_cast<int64_t*>(d.storage->data);
   d.sc = reinterpret_cast<const double*>(base);
   d.isc = base + scalars.size();
   d.err = base + scalars.size() + ints.size();
+  if (scratch > 0) d.scratch = static_cast<char*>(d.storage->data) + bytes;
   return d;
 }
 
@@ -412,12 +417,13 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
     } else if (kernel.kind == KernelKind::Conv) {
       run_conv(kernel, ptrs.data(), device);
     } else if (device.is_cuda()) {
-      // cudaLaunchKernel takes a pointer to each argument: the buffers, then sc, isc, err. A
-      // later phase of a row group launches nothing: its group's function ran it.
+      // cudaLaunchKernel takes a pointer to each argument: the buffers, then sc, isc, err,
+      // scratch. A later phase of a row group launches nothing: its group's function ran it.
       values.clear();
       for (int slot : plan.cuda->parameter_slots(k)) values.push_back(ptrs[slot]);
       int64_t* err = on_device.err + 2 * plan.error_pair[k];
-      values.insert(values.end(), {const_cast<double*>(on_device.sc), const_cast<int64_t*>(on_device.isc), err});
+      values.insert(values.end(),
+                    {const_cast<double*>(on_device.sc), const_cast<int64_t*>(on_device.isc), err, on_device.scratch});
       args.clear();
       for (void*& v : values) args.push_back(&v);
       plan.cuda->launch(k, args.data());

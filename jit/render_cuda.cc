@@ -18,6 +18,17 @@ constexpr int kColumnWarps = kThreads / 32;  // column reduce: warps sharing one
 constexpr int64_t kMaxBlocks = 1 << 16;    // grid-stride loops cover the rest
 constexpr int64_t kThreadPerOutput = 32;   // row reductions this short fold in one thread
 constexpr int64_t kVectorMinimum = 2048;   // smaller elementwise kernels are latency-bound: no vector path
+constexpr int64_t kSplitBlocks = 1024;     // split row reductions aim at this many blocks in all
+constexpr int64_t kSplitMinimum = 2048;    // and give each part at least this many elements
+constexpr int64_t kMaxParts = 1024;        // the fold of the parts is one block per output
+
+// Parts each output's row is split into when there are too few outputs to fill the GPU with a
+// block each (1: no split; a split costs a second launch, so it takes 4 parts or more).
+int64_t split_parts(int64_t outputs, int64_t extent) {
+  if (outputs == 0) return 1;
+  const int64_t parts = std::min({(kSplitBlocks + outputs - 1) / outputs, extent / kSplitMinimum, kMaxParts});
+  return parts >= 4 ? parts : 1;
+}
 
 // CUDA's math library (IEEE sqrt and division, no fast-math approximations).
 constexpr OpPatterns kCudaPatterns = with_math(kSharedPatterns, {
@@ -38,15 +49,19 @@ int64_t blocks_for(int64_t work, int64_t per_block) {
   return std::clamp<int64_t>((work + per_block - 1) / per_block, 1, kMaxBlocks);
 }
 
+// sc, isc, err and scratch (see render_cuda.h), after the buffers of every function.
+const std::vector<std::string> kTrailingTypes = {"const double*", "const int64_t*", "int64_t*", "void*"};
+constexpr const char* kTrailingParameters = "const double* sc, const int64_t* isc, int64_t* err, void* plan_scratch";
+
 const char* kGridStride = "(int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < {0}LL; t += (int64_t)gridDim.x * blockDim.x";
 
 // The parameter types every function of kernel `k` takes, in order ("float*", "const kiln_half*",
-// ..., "const double*", "const int64_t*", "int64_t*").
+// ..., "const double*", "const int64_t*", "int64_t*", "void*").
 std::vector<std::string> cuda_parameter_types(const Kernel& k) {
   std::vector<std::string> types;
   for (size_t b = 0; b < k.buffers.size(); ++b)
     types.push_back(fmt::format("{}{}*", b == 0 ? "" : "const ", storage_type(k.buffers[b].dtype)));
-  types.insert(types.end(), {"const double*", "const int64_t*", "int64_t*"});
+  types.insert(types.end(), kTrailingTypes.begin(), kTrailingTypes.end());
   return types;
 }
 
@@ -55,12 +70,16 @@ class CudaKernelRenderer {
   explicit CudaKernelRenderer(const Kernel& k) : k_(k) {}
   // Appends the kernel's functions to `out` and returns their launches.
   std::vector<CudaLaunch> render(std::string& out);
+  // Bytes of the plan's scratch buffer the kernel's functions use (a split reduction's parts).
+  int64_t scratch_bytes() const;
 
  private:
   std::string signature(const std::string& function) const;
   void elementwise(std::string& out, std::vector<CudaLaunch>& launches) const;
   void row_reduce(std::string& out, std::vector<CudaLaunch>& launches) const;
+  void split_row_reduce(std::string& out, std::vector<CudaLaunch>& launches, int64_t parts) const;
   void column_reduce(std::string& out, std::vector<CudaLaunch>& launches) const;
+  int64_t column_parts() const;
   void scatter(std::string& out, std::vector<CudaLaunch>& launches) const;
 
  public:
@@ -81,7 +100,7 @@ std::string CudaKernelRenderer::signature(const std::string& function) const {
   std::string s = fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}(", kThreads, function);
   const std::vector<std::string> types = cuda_parameter_types(k_);
   for (size_t b = 0; b < k_.buffers.size(); ++b) s += fmt::format("{} {}, ", types[b], values_.buf(static_cast<int>(b)));
-  s += fmt::format("{} sc, {} isc, {} err) {{\n", types[types.size() - 3], types[types.size() - 2], types.back());
+  s += fmt::format("{}) {{\n", kTrailingParameters);
   for (const Expr& e : k_.exprs)
     if (e.kind == Expr::Kind::Scalar)
       s += fmt::format("  const {} s{} = ({})sc[{}];\n", compute_type(e.dtype), e.slot, compute_type(e.dtype), e.slot);
@@ -220,6 +239,7 @@ void CudaKernelRenderer::row_reduce(std::string& out, std::vector<CudaLaunch>& l
   const size_t first = has_outer ? 1 : 0;
   const int64_t outer = has_outer ? k_.loops[0].extent : 1;
   const int64_t extent = reduce_extent(first, k_.loops.size());
+  if (const int64_t parts = split_parts(outer, extent); parts > 1) return split_row_reduce(out, launches, parts);
   const std::string store = fmt::format("{}[{}] = {};", values_.buf(0), values_.idx(k_.store_index), store_value(out_t, "acc"));
   out += signature(k_.name);
   if (has_outer && extent <= kThreadPerOutput) {
@@ -247,6 +267,65 @@ void CudaKernelRenderer::row_reduce(std::string& out, std::vector<CudaLaunch>& l
   launches.push_back({k_.name, std::clamp<int64_t>(outer, 1, kMaxBlocks), threads});
 }
 
+// Few outputs with long rows (a full reduction, a sum over a huge axis): each row is split into
+// `parts` consecutive parts, a block folds one part into the scratch buffer (acc type), then a
+// second function folds each output's parts in order and stores it. The order of the sums is
+// fixed, so results do not change from run to run.
+void CudaKernelRenderer::split_row_reduce(std::string& out, std::vector<CudaLaunch>& launches, int64_t parts) const {
+  const DType out_t = k_.buffers[0].dtype;
+  const char* acc_t = compute_type(out_t);
+  const bool is_sum = k_.reduce_op == Op::ReduceSum;
+  const std::string init = reduce_init(out_t, is_sum, "KILN_INF");
+  const bool has_outer = !k_.loops.empty() && k_.loops[0].role == Loop::Role::Parallel;
+  const size_t first = has_outer ? 1 : 0;
+  const int64_t outer = has_outer ? k_.loops[0].extent : 1;
+  const int64_t extent = reduce_extent(first, k_.loops.size());
+  const int64_t chunk = (extent + parts - 1) / parts;
+  out += signature(k_.name);
+  out += fmt::format("  __shared__ {} fold[32];\n  {}* partial = ({}*)plan_scratch;\n", acc_t, acc_t, acc_t);
+  out += fmt::format("  for (int64_t task = blockIdx.x; task < {}LL; task += gridDim.x) {{\n", outer * parts);
+  if (has_outer) out += fmt::format("    const int64_t {} = task / {}LL;\n", k_.loops[0].var, parts);
+  out += fmt::format("    const int64_t begin = (task % {0}LL) * {1}LL, end = begin + {1}LL < {2}LL ? begin + {1}LL : {2}LL;\n",
+                     parts, chunk, extent);
+  out += fmt::format("    {} acc = {};\n", acc_t, init);
+  out += "    for (int64_t rf = begin + threadIdx.x; rf < end; rf += blockDim.x) {\n";
+  out += unflatten_reduce(first, k_.loops.size(), "      ");
+  values_.emit_values(out, "      ");
+  out += fmt::format("      {}\n    }}\n", combine("acc", values_.v(k_.value)));
+  out += fmt::format("    acc = kiln_block_fold<{}>(acc, fold);\n", is_sum ? "true" : "false");
+  out += "    if (threadIdx.x == 0) partial[task] = acc;\n  }\n}\n";
+  launches.push_back({k_.name, std::min(outer * parts, kMaxBlocks), kThreads});
+
+  const std::string fold_name = k_.name + "_parts";
+  out += signature(fold_name);
+  out += fmt::format("  __shared__ {} fold[32];\n  const {}* partial = (const {}*)plan_scratch;\n", acc_t, acc_t, acc_t);
+  out += fmt::format("  for (int64_t t = blockIdx.x; t < {}LL; t += gridDim.x) {{\n", outer);
+  if (has_outer) out += fmt::format("    const int64_t {} = t;\n", k_.loops[0].var);
+  out += fmt::format("    {} acc = {};\n", acc_t, init);
+  out += fmt::format("    for (int64_t j = threadIdx.x; j < {0}LL; j += blockDim.x) {{ {1} }}\n", parts,
+                     combine("acc", fmt::format("partial[t * {}LL + j]", parts)));
+  out += fmt::format("    acc = kiln_block_fold<{}>(acc, fold);\n", is_sum ? "true" : "false");
+  out += fmt::format("    if (threadIdx.x == 0) {}[{}] = {};\n  }}\n}}\n", values_.buf(0), values_.idx(k_.store_index),
+                     store_value(out_t, "acc"));
+  const int threads = static_cast<int>(std::clamp<int64_t>((parts + 31) / 32 * 32, 32, kThreads));
+  launches.push_back({fold_name, std::min(outer, kMaxBlocks), threads});
+}
+
+int64_t CudaKernelRenderer::scratch_bytes() const {
+  if (k_.kind != KernelKind::Reduce) return 0;
+  const DType t = k_.buffers[0].dtype;
+  const auto acc = static_cast<int64_t>(t == DType::Float16 || t == DType::BFloat16 ? sizeof(float) : dtype_size(t));
+  if (k_.column) {
+    const int64_t parts = column_parts();
+    const int64_t tiles = k_.loops.front().extent * ((k_.loops.back().extent + 31) / 32);
+    return parts == 1 ? 0 : tiles * parts * 32 * acc;
+  }
+  const bool has_outer = !k_.loops.empty() && k_.loops[0].role == Loop::Role::Parallel;
+  const int64_t outer = has_outer ? k_.loops[0].extent : 1;
+  const int64_t parts = split_parts(outer, reduce_extent(has_outer ? 1 : 0, k_.loops.size()));
+  return parts == 1 ? 0 : outer * parts * acc;
+}
+
 // Columns: loops `o` (parallel), the reduce loops, then `i` (the contiguous last axis). A block
 // takes a tile of 32 neighbouring `i` of one `o` (one per lane, so loads coalesce); its 8 warps
 // each fold every 8th reduced row, and warp 0 adds up the 8 partial results.
@@ -258,23 +337,54 @@ void CudaKernelRenderer::column_reduce(std::string& out, std::vector<CudaLaunch>
   const Loop& inner = k_.loops.back();
   const int64_t tiles_per_row = (inner.extent + 31) / 32, tiles = outer.extent * tiles_per_row;
   const int64_t extent = reduce_extent(1, k_.loops.size() - 1);
+  const int64_t parts = column_parts(), chunk = (extent + parts - 1) / parts;
+  const std::string tile_vars = fmt::format("const int64_t {0} = t / {2}LL, {1} = (t % {2}LL) * 32 + lane;", outer.var,
+                                            inner.var, tiles_per_row);
+  const std::string store = fmt::format("{}[{}] = {};", values_.buf(0), values_.idx(k_.store_index), store_value(out_t, "acc"));
   out += signature(k_.name);
   out += fmt::format("  __shared__ {} scratch[{}][33];\n", acc_t, kColumnWarps);
+  if (parts > 1) out += fmt::format("  {}* partial = ({}*)plan_scratch;\n", acc_t, acc_t);
   out += "  const int lane = threadIdx.x & 31, row = threadIdx.x >> 5;\n";
-  out += fmt::format("  for (int64_t t = blockIdx.x; t < {}LL; t += gridDim.x) {{\n", tiles);
-  out += fmt::format("    const int64_t {0} = t / {2}LL, {1} = (t % {2}LL) * 32 + lane;\n", outer.var, inner.var, tiles_per_row);
+  out += fmt::format("  for (int64_t task = blockIdx.x; task < {}LL; task += gridDim.x) {{\n", tiles * parts);
+  out += fmt::format("    const int64_t t = task / {0}LL, begin = (task % {0}LL) * {1}LL;\n", parts, chunk);
+  out += fmt::format("    const int64_t end = begin + {0}LL < {1}LL ? begin + {0}LL : {1}LL;\n", chunk, extent);
+  out += "    " + tile_vars + "\n";
   out += fmt::format("    {} acc = {};\n", acc_t, init);
   out += fmt::format("    if ({} < {}LL) {{\n", inner.var, inner.extent);
-  out += fmt::format("      for (int64_t rf = row; rf < {}LL; rf += {}) {{\n", extent, kColumnWarps);
+  out += fmt::format("      for (int64_t rf = begin + row; rf < end; rf += {}) {{\n", kColumnWarps);
   out += unflatten_reduce(1, k_.loops.size() - 1, "        ");
   values_.emit_values(out, "        ");
   out += fmt::format("        {}\n      }}\n    }}\n", combine("acc", values_.v(k_.value)));
   out += "    scratch[row][lane] = acc;\n    __syncthreads();\n";
   out += fmt::format("    if (row == 0 && {} < {}LL) {{\n", inner.var, inner.extent);
   out += fmt::format("      for (int w = 1; w < {}; ++w) {}\n", kColumnWarps, combine("acc", "scratch[w][lane]"));
-  out += fmt::format("      {}[{}] = {};\n    }}\n", values_.buf(0), values_.idx(k_.store_index), store_value(out_t, "acc"));
+  out += parts > 1 ? "      partial[task * 32 + lane] = acc;\n    }\n" : "      " + store + "\n    }\n";
   out += "    __syncthreads();\n  }\n}\n";
-  launches.push_back({k_.name, std::clamp<int64_t>(tiles, 1, kMaxBlocks), kThreads});
+  launches.push_back({k_.name, std::clamp<int64_t>(tiles * parts, 1, kMaxBlocks), kThreads});
+  if (parts == 1) return;
+
+  // The parts of each output in order: a thread per output, neighbouring lanes reading
+  // neighbouring partial sums.
+  const std::string fold_name = k_.name + "_parts";
+  out += signature(fold_name);
+  out += fmt::format("  const {}* partial = (const {}*)plan_scratch;\n", acc_t, acc_t);
+  out += fmt::format("  for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < {}LL; "
+                     "q += (int64_t)gridDim.x * blockDim.x) {{\n", tiles * 32);
+  out += "    const int64_t t = q / 32;\n    const int lane = (int)(q % 32);\n    " + tile_vars + "\n";
+  out += fmt::format("    if ({} >= {}LL) continue;\n", inner.var, inner.extent);
+  out += fmt::format("    {} acc = {};\n", acc_t, init);
+  out += fmt::format("    for (int64_t p = 0; p < {}LL; ++p) {}\n", parts,
+                     combine("acc", fmt::format("partial[(t * {}LL + p) * 32 + lane]", parts)));
+  out += "    " + store + "\n  }\n}\n";
+  launches.push_back({fold_name, blocks_for(tiles * 32, kThreads), kThreads});
+}
+
+// Parts the reduced rows of a column reduction are split into: few tiles of 32 columns over many
+// rows leave most of the GPU idle with a block per tile.
+int64_t CudaKernelRenderer::column_parts() const {
+  const int64_t tiles = k_.loops.front().extent * ((k_.loops.back().extent + 31) / 32);
+  const int64_t rows = reduce_extent(1, k_.loops.size() - 1);
+  return split_parts(tiles, rows * std::min<int64_t>(k_.loops.back().extent, 32));
 }
 
 // Two functions: <name>_zero clears the output, then <name> adds every value at its index.
@@ -393,6 +503,8 @@ std::vector<int> cuda_row_groups(const std::vector<Kernel>& kernels) {
       b = b > a ? b - 1 : a;
       // A row group pays off when a later phase rereads the rows an earlier one read.
       if (b > a && cols < 32) b = a;
+      // Too few rows to fill the GPU with a block each: the reductions split their rows instead.
+      if (split_parts(rows, cols) > 1) b = a;
     }
     for (size_t k = a; k <= b; ++k) start[k] = static_cast<int>(a);
     a = b + 1;
@@ -426,14 +538,14 @@ void render_row_group(const std::vector<Kernel>& kernels, size_t a, size_t b, Cu
     if (kernels[k].kind == KernelKind::Reduce)
       scratch += fmt::format("  __shared__ {} scratch{}[32];\n", compute_type(kernels[k].buffers[0].dtype), k - a);
   }
-  types.insert(types.end(), {"const double*", "const int64_t*", "int64_t*"});
+  types.insert(types.end(), kTrailingTypes.begin(), kTrailingTypes.end());
   const int64_t rows = first.loops[0].extent;
   int64_t cols = 1;
   for (size_t l = 1; l < first.loops.size(); ++l) cols *= first.loops[l].extent;
   std::string& out = result.functions;
   out += fmt::format("\n// row group: {} kernels over {} rows of {}\n", b - a + 1, rows, cols);
-  out += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}const double* sc, const int64_t* isc, "
-                     "int64_t* err) {{\n", kThreads, name, params);
+  out += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}{}) {{\n", kThreads, name, params,
+                     kTrailingParameters);
   out += scalars + scratch;
   out += fmt::format("  for (int64_t t = blockIdx.x; t < {}LL; t += gridDim.x) {{\n", rows);
   for (size_t k = a; k <= b; ++k) CudaKernelRenderer(kernels[k]).row_phase(out, static_cast<int>(k - a));
@@ -459,7 +571,9 @@ CudaSource render_cuda(const std::vector<Kernel>& kernels, const std::vector<int
       render_row_group(kernels, k, end, result);
       continue;
     }
-    result.launches[k] = CudaKernelRenderer(kernels[k]).render(result.functions);
+    CudaKernelRenderer renderer(kernels[k]);
+    result.launches[k] = renderer.render(result.functions);
+    result.scratch_bytes = std::max(result.scratch_bytes, renderer.scratch_bytes());
     result.function_count += static_cast<int>(result.launches[k].size());
     if (result.launches[k].empty()) continue;
     for (const KernelBuffer& b : kernels[k].buffers) result.parameter_slots[k].push_back(b.slot);

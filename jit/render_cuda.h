@@ -9,7 +9,7 @@
 //   Cubin cubin = compile_cuda_cached(cuda.source, "sm_90");      // jit/nvrtc.h
 //   for (const CudaLaunch& l : cuda.launches[k])                  // in order, on one stream:
 //     launch l.function with <<<l.blocks, l.threads>>> and the arguments
-//     (buffers of kernel k in Kernel::buffers order, then sc, isc, err: all device pointers)
+//     (buffers of kernel k in Kernel::buffers order, then sc, isc, err, scratch: device pointers)
 #pragma once
 #include <string>
 #include <vector>
@@ -21,7 +21,10 @@ namespace kiln::jit {
 // One __global__ function launch of a kernel. Every function of a kernel takes the same
 // parameters: a typed pointer per Kernel::buffers entry (buffers[0], the output, first), then
 // `const double* sc`, `const int64_t* isc` and `int64_t* err`, as the CPU kernels get them
-// (render_cpp.h): bound scalars by slot, Rand seed/offset pairs, the out-of-range index slot.
+// (render_cpp.h): bound scalars by slot, Rand seed/offset pairs, the out-of-range index slot;
+// last `void* plan_scratch`, CudaSource::scratch_bytes of device memory that one kernel's functions
+// pass between them (the parts of a split reduction), shared by all kernels of a plan since they
+// run one after another.
 struct CudaLaunch {
   std::string function;
   int64_t blocks = 1;  // grid-stride loops: any count >= 1 is correct; the launcher may clamp it
@@ -34,10 +37,12 @@ struct CudaSource {
   std::vector<std::vector<CudaLaunch>> launches;  // per kernel of the plan; empty for library kernels
                                                   // and for the later phases of a row group
   // Per kernel with launches: the plan slots its functions take as buffer parameters, in order
-  // (Kernel::buffers, or a row group's union), and every parameter's type (then sc, isc, err).
+  // (Kernel::buffers, or a row group's union), and every parameter's type (then sc, isc, err,
+  // scratch).
   std::vector<std::vector<int>> parameter_slots;
   std::vector<std::vector<std::string>> parameter_types;
   int function_count = 0;
+  int64_t scratch_bytes = 0;  // the most any kernel uses
 };
 
 // Row groups: runs of kernels over the same rows (reductions of one value per row, then one

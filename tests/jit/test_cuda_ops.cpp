@@ -286,3 +286,34 @@ TEST_CASE("CUDA vector loads: aligned, offset, broadcast and odd-sized operands"
                                where(gt(x[0], cast(x[1], DType::Float16)), x[0], cast(x[1], DType::Float16))};
   });
 }
+
+// Few outputs over long rows split each row over many blocks and fold the parts in a second
+// function (jit/render_cuda.cc): full reductions, a few long rows or columns, max and sum, half
+// types (batch-norm statistics among them), and a
+// softmax over long rows (its reductions split rather than forming a row group). Summing in
+// parts changes the order of float additions, so results stay within the tolerance, and the
+// same run twice gives the same bits.
+TEST_CASE("CUDA reductions of long rows into few outputs split over blocks", "[cuda][device][cuda_ops][split]") {
+  if (!have_cuda()) return;
+  for (DType t : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
+    // Positive values: sums of many that cancel would leave only rounding to compare.
+    Tensor flat = positive({300001}, t), rows = positive({3, 70007}, t);
+    compare("split", {flat, rows}, [](auto& v) {
+      return std::vector<Tensor>{sum(v[0]), max(v[0]), mean(v[0]), min(v[1], {1}), sum(v[1], {1}),
+                                 mean(v[1] * v[1]), sum(reshape(v[1], {3, 7, 10001}), {1, 2})};
+    });
+    // Columns: few tiles of 32 columns over many rows.
+    Tensor tall = positive({20011, 45}, t), batch = positive({64, 3, 50, 50}, t);
+    compare("split columns", {tall, batch}, [](auto& v) {
+      return std::vector<Tensor>{sum(v[0], {0}), max(v[0], {0}), mean(v[1], {0, 2, 3}), sum(v[1], {0, 2})};
+    });
+  }
+  Tensor logits = normal({2, 100000});
+  compare("softmax over long rows", {logits}, [](auto& v) {
+    return std::vector<Tensor>{softmax(v[0], 1), log_softmax(v[0], 1)};
+  });
+  Tensor x = normal({1 << 19}).to(kGpu);
+  CHECK(sum(x).item() == sum(x).item());  // a fixed order of additions
+  Tensor ints = from_vector<int64_t>(std::vector<int64_t>(200000, 3), {200000}).to(kGpu);
+  CHECK(sum(ints).item() == 600000);
+}

@@ -472,3 +472,27 @@ TEST_CASE("contiguous elementwise kernels read and write 16-byte vectors", "[cud
   CHECK(count(cuda_function_of([&] { return permute(x, {1, 0}) + 1.0; }), "kiln_vload") == 0);
   CHECK(count(cuda_function_of([] { return input({100}, DType::Float32) + 1.0; }), "kiln_vload") == 0);
 }
+
+TEST_CASE("reductions of long rows into few outputs render as parts and a fold of the parts", "[cuda][jit][split]") {
+  Tensor flat = input({1 << 20}, DType::Float32), rows = input({4, 100000}, DType::Float16);
+  Tensor tall = input({65536, 64}, DType::Float32);
+  for (const auto& make : std::vector<std::function<Tensor()>>{
+           [&] { return sum(flat); }, [&] { return max(rows, {1}); }, [&] { return sum(tall, {0}); }}) {
+    Tensor out = make();
+    std::vector<NodePtr> targets = {out.node()};
+    jit::Schedule schedule = jit::schedule_for(targets);
+    REQUIRE(schedule.kernels.size() == 1);
+    jit::CudaSource cuda = jit::render_cuda(schedule.kernels);
+    REQUIRE(cuda.launches[0].size() == 2);
+    CHECK(cuda.launches[0][1].function == cuda.launches[0][0].function + "_parts");
+    CHECK(cuda.launches[0][0].blocks >= 128);  // every SM busy, not one block per output
+    CHECK(cuda.scratch_bytes >= cuda.launches[0][0].blocks * 4);
+  }
+  // Many outputs keep a block each; no scratch.
+  Tensor many = input({512, 2048}, DType::Float32);
+  Tensor out = sum(many, {1});
+  std::vector<NodePtr> targets = {out.node()};
+  jit::CudaSource cuda = jit::render_cuda(jit::schedule_for(targets).kernels);
+  CHECK(cuda.launches[0].size() == 1);
+  CHECK(cuda.scratch_bytes == 0);
+}

@@ -105,6 +105,8 @@ class CudaCompileCheck {
     functions_ += cuda.function_count;
     for (size_t at = cuda.functions.find("kiln_vstore<"); at != std::string::npos; at = cuda.functions.find("kiln_vstore<", at + 1))
       vector_paths_++;
+    for (const auto& launches : cuda.launches)
+      for (const jit::CudaLaunch& l : launches) split_functions_ += l.function.size() > 6 && l.function.substr(l.function.size() - 6) == "_parts";
     pending_.clear();
     groups_.clear();
     names_.clear();
@@ -118,6 +120,7 @@ class CudaCompileCheck {
   int64_t library_kernels() const { return library_kernels_; }
   int64_t row_groups() const { return row_groups_; }
   int64_t vector_paths() const { return vector_paths_; }
+  int64_t split_functions() const { return split_functions_; }
   int64_t failures() const { return failures_; }
   const std::vector<std::string>& refused() const { return refused_; }
 
@@ -128,7 +131,7 @@ class CudaCompileCheck {
   std::vector<std::string> names_;
   std::vector<std::string> refused_;
   int64_t graphs_ = 0, kernels_ = 0, functions_ = 0, programs_ = 0, cached_ = 0, library_kernels_ = 0, failures_ = 0, row_groups_ = 0,
-          vector_paths_ = 0;
+          vector_paths_ = 0, split_functions_ = 0;
 };
 
 void elementwise_graphs(CudaCompileCheck& check) {
@@ -196,7 +199,21 @@ void reduction_graphs(CudaCompileCheck& check) {
           sum(input({3000}, t)), max(input({5000}, t)),  // long flat scalars
       };
     });
+    check.add("split reductions " + name, [t] {
+      Tensor flat = input({40000}, t), rows = input({2, 30000}, t), tall = input({9000, 40}, t);
+      return std::vector<Tensor>{sum(flat), max(flat),                  // rows split into parts
+                                 sum(rows, {1}), max(rows, {1}),
+                                 sum(tall, {0}), max(tall, {0})};       // column tiles split
+    });
+    check.add("vector elementwise " + name, [t] {
+      Tensor a = input({64, 128}, t), row = input({128}, t), odd = input({33, 127}, t), odd_row = input({127}, t);
+      return std::vector<Tensor>{a * row + a, odd - odd_row, cast(a, DType::Float32) * 2.0};
+    });
   }
+  check.add("split bool reductions", [] {
+    Tensor a = input({50000}, DType::Bool), tall = input({9000, 40}, DType::Bool);
+    return std::vector<Tensor>{max(a), max(tall, {0})};
+  });
   check.add("bool reductions", [] {
     Tensor a = input({8, 40}, DType::Bool);
     return std::vector<Tensor>{max(a, {1}), max(a, {0}), max(a), sum(a, {1})};
@@ -367,16 +384,17 @@ TEST_CASE("every kernel of the test graphs renders to CUDA and compiles with NVR
   for (const std::string& r : check.refused()) refused += " '" + r + "'";
   std::cout << fmt::format(
                    "[cuda] NVRTC {}: {} kernels ({} CUDA functions) from {} graphs compiled for sm_80 and sm_90 in {} "
-                   "programs ({} from the disk cache), {:.1f} s; {} row groups; {} elementwise kernels with a 16-byte vector path; {} library kernels skipped; graphs the op "
+                   "programs ({} from the disk cache), {:.1f} s; {} row groups; {} elementwise kernels with a 16-byte vector path; {} split reductions; {} library kernels skipped; graphs the op "
                    "library refused:{}\n",
                    jit::nvrtc_version(), check.kernels(), check.functions(), check.graphs(), check.programs(),
-                   check.cached(), seconds, check.row_groups(), check.vector_paths(), check.library_kernels(), refused.empty() ? " none" : refused)
+                   check.cached(), seconds, check.row_groups(), check.vector_paths(), check.split_functions(), check.library_kernels(), refused.empty() ? " none" : refused)
             << std::flush;
   CHECK(check.failures() == 0);
   CHECK(check.kernels() > 300);
   CHECK(check.library_kernels() > 0);
   CHECK(check.row_groups() > 0);  // softmax, layer norm, ... as one function each
   CHECK(check.vector_paths() > 0);
+  CHECK(check.split_functions() > 0);
 }
 
 TEST_CASE("NVRTC reports a compile error with its log and the saved source", "[cuda][jit]") {

@@ -101,11 +101,13 @@ std::string compile(const std::string& source, const std::string& arch, const fs
   KILN_NVRTC_CHECK(nvrtcCreateProgram(&program, source.c_str(), source_path.filename().c_str(), 0, nullptr, nullptr));
   const nvrtcResult result = nvrtcCompileProgram(program, static_cast<int>(option_pointers.size()), option_pointers.data());
   std::string image;
+  const bool ptx = arch.rfind("compute_", 0) == 0;  // a virtual architecture: PTX text
   if (result == NVRTC_SUCCESS) {
     size_t size = 0;
-    nvrtcGetCUBINSize(program, &size);
+    ptx ? nvrtcGetPTXSize(program, &size) : nvrtcGetCUBINSize(program, &size);
     image.resize(size);
-    if (size > 0) nvrtcGetCUBIN(program, image.data());
+    if (size > 0) ptx ? nvrtcGetPTX(program, image.data()) : nvrtcGetCUBIN(program, image.data());
+    if (ptx && !image.empty() && image.back() == '\0') image.pop_back();
   }
   const std::string log = program_log(program);
   nvrtcDestroyProgram(&program);
@@ -188,6 +190,12 @@ std::shared_ptr<const Cubin> compile_cuda_cached(const std::string& source, cons
   return cubin;
 }
 
+std::string cuda_ptx(const std::string& source, const std::string& virtual_arch) {
+  KILN_CHECK(virtual_arch.rfind("compute_", 0) == 0, "nvrtc", "PTX is compiled for a virtual architecture such as "
+             "compute_90, not {}", virtual_arch);
+  return compile(source, virtual_arch, "kiln_ptx.cu (not saved)", 0);
+}
+
 void clear_cuda_memory_cache() {
   CubinCache& cache = cubin_cache();
   std::lock_guard lock(cache.mutex);
@@ -202,6 +210,10 @@ std::string nvrtc_version() { return ""; }
 
 std::shared_ptr<const Cubin> compile_cuda_cached(const std::string&, const std::string& arch, int) {
   KILN_FAIL("nvrtc", "cannot compile CUDA kernels for {}: kiln was built without the CUDA toolkit", arch);
+}
+
+std::string cuda_ptx(const std::string&, const std::string& virtual_arch) {
+  KILN_FAIL("nvrtc", "cannot compile CUDA kernels for {}: kiln was built without the CUDA toolkit", virtual_arch);
 }
 
 void clear_cuda_memory_cache() {}

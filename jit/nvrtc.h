@@ -34,6 +34,10 @@ std::string nvrtc_version();
 std::shared_ptr<const Cubin> compile_cuda_cached(const std::string& source, const std::string& arch,
                                                  int function_count);
 
+// The PTX of `source` for a virtual architecture ("compute_90"), uncached: to inspect what the
+// kernels compile to (vector loads, unrolled loops) without a GPU.
+std::string cuda_ptx(const std::string& source, const std::string& virtual_arch);
+
 // Forgets the cubins kept in memory (for tests).
 void clear_cuda_memory_cache();
 

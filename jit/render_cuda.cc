@@ -45,6 +45,11 @@ constexpr OpPatterns kCudaPatterns = with_math(kSharedPatterns, {
 });
 static_assert(covers_every_op(kCudaPatterns), "every primitive in core/op.h needs a CUDA renderer entry, in enum order");
 
+// Threads of a block that folds or maps one row: the row's length rounded up to whole warps, so
+// short rows leave no thread idle. Loops over the row step by this constant, not blockDim.x, so
+// the compiler knows their trip counts and unrolls them (several loads in flight per thread).
+int row_threads(int64_t row) { return static_cast<int>(std::clamp<int64_t>((row + 31) / 32 * 32, 32, kThreads)); }
+
 int64_t blocks_for(int64_t work, int64_t per_block) {
   return std::clamp<int64_t>((work + per_block - 1) / per_block, 1, kMaxBlocks);
 }
@@ -84,7 +89,7 @@ class CudaKernelRenderer {
 
  public:
   // One row-group phase (render_row_group): this kernel's work for row `t` by the whole block.
-  void row_phase(std::string& out, int index) const;
+  void row_phase(std::string& out, int index, int threads) const;
 
  private:
   // `const int64_t <var> = ...;` for the reduce loops [first, last) from their flat index `rf`.
@@ -252,18 +257,17 @@ void CudaKernelRenderer::row_reduce(std::string& out, std::vector<CudaLaunch>& l
     launches.push_back({k_.name, blocks_for(outer, kThreads), kThreads});
     return;
   }
+  const int threads = row_threads(extent);
   out += fmt::format("  __shared__ {} scratch[32];\n", acc_t);
   out += fmt::format("  for (int64_t t = blockIdx.x; t < {}LL; t += gridDim.x) {{\n", outer);
   if (has_outer) out += fmt::format("    const int64_t {} = t;\n", k_.loops[0].var);
   out += fmt::format("    {} acc = {};\n", acc_t, init);
-  out += fmt::format("    for (int64_t rf = threadIdx.x; rf < {}LL; rf += blockDim.x) {{\n", extent);
+  out += fmt::format("#pragma unroll 4\n    for (int64_t rf = threadIdx.x; rf < {}LL; rf += {}) {{\n", extent, threads);
   out += unflatten_reduce(first, k_.loops.size(), "      ");
   values_.emit_values(out, "      ");
   out += fmt::format("      {}\n    }}\n", combine("acc", values_.v(k_.value)));
   out += fmt::format("    acc = kiln_block_fold<{}>(acc, scratch);\n", is_sum ? "true" : "false");
   out += fmt::format("    if (threadIdx.x == 0) {}\n  }}\n}}\n", store);
-  // Short rows leave no thread idle: a block of the row's length rounded up to whole warps.
-  const int threads = static_cast<int>(std::clamp<int64_t>((extent + 31) / 32 * 32, 32, kThreads));
   launches.push_back({k_.name, std::clamp<int64_t>(outer, 1, kMaxBlocks), threads});
 }
 
@@ -288,7 +292,7 @@ void CudaKernelRenderer::split_row_reduce(std::string& out, std::vector<CudaLaun
   out += fmt::format("    const int64_t begin = (task % {0}LL) * {1}LL, end = begin + {1}LL < {2}LL ? begin + {1}LL : {2}LL;\n",
                      parts, chunk, extent);
   out += fmt::format("    {} acc = {};\n", acc_t, init);
-  out += "    for (int64_t rf = begin + threadIdx.x; rf < end; rf += blockDim.x) {\n";
+  out += fmt::format("#pragma unroll 4\n    for (int64_t rf = begin + threadIdx.x; rf < end; rf += {}) {{\n", kThreads);
   out += unflatten_reduce(first, k_.loops.size(), "      ");
   values_.emit_values(out, "      ");
   out += fmt::format("      {}\n    }}\n", combine("acc", values_.v(k_.value)));
@@ -413,13 +417,14 @@ void CudaKernelRenderer::scatter(std::string& out, std::vector<CudaLaunch>& laun
 // A reduce kernel's row `t`: the block folds it and thread 0 stores the result, which the
 // barrier after the phase makes visible to the rest of the block. An elementwise kernel's row:
 // the block's threads take its elements in turn.
-void CudaKernelRenderer::row_phase(std::string& out, int index) const {
+void CudaKernelRenderer::row_phase(std::string& out, int index, int threads) const {
   const DType out_t = k_.buffers[0].dtype;
   out += fmt::format("    {{  // {}\n      const int64_t {} = t;\n", k_.summary, k_.loops[0].var);
   if (k_.kind == KernelKind::Reduce) {
     const bool is_sum = k_.reduce_op == Op::ReduceSum;
     out += fmt::format("      {} acc = {};\n", compute_type(out_t), reduce_init(out_t, is_sum, "KILN_INF"));
-    out += fmt::format("      for (int64_t rf = threadIdx.x; rf < {}LL; rf += blockDim.x) {{\n", reduce_extent(1, k_.loops.size()));
+    out += fmt::format("#pragma unroll 4\n      for (int64_t rf = threadIdx.x; rf < {}LL; rf += {}) {{\n",
+                       reduce_extent(1, k_.loops.size()), threads);
     out += unflatten_reduce(1, k_.loops.size(), "        ");
     values_.emit_values(out, "        ");
     out += fmt::format("        {}\n      }}\n", combine("acc", values_.v(k_.value)));
@@ -428,7 +433,7 @@ void CudaKernelRenderer::row_phase(std::string& out, int index) const {
                        values_.idx(k_.store_index), store_value(out_t, "acc"));
     return;
   }
-  out += fmt::format("      for (int64_t j = threadIdx.x; j < {}LL; j += blockDim.x) {{\n", k_.loops[1].extent);
+  out += fmt::format("#pragma unroll 4\n      for (int64_t j = threadIdx.x; j < {}LL; j += {}) {{\n", k_.loops[1].extent, threads);
   out += fmt::format("        const int64_t {} = j;\n", k_.loops[1].var);
   values_.emit_values(out, "        ");
   out += fmt::format("        {}[{}] = {};\n      }}\n    }}\n", values_.buf(0), values_.idx(k_.store_index),
@@ -548,9 +553,9 @@ void render_row_group(const std::vector<Kernel>& kernels, size_t a, size_t b, Cu
                      kTrailingParameters);
   out += scalars + scratch;
   out += fmt::format("  for (int64_t t = blockIdx.x; t < {}LL; t += gridDim.x) {{\n", rows);
-  for (size_t k = a; k <= b; ++k) CudaKernelRenderer(kernels[k]).row_phase(out, static_cast<int>(k - a));
+  const int threads = row_threads(cols);
+  for (size_t k = a; k <= b; ++k) CudaKernelRenderer(kernels[k]).row_phase(out, static_cast<int>(k - a), threads);
   out += "  }\n}\n";
-  const int threads = static_cast<int>(std::clamp<int64_t>((cols + 31) / 32 * 32, 32, kThreads));
   result.launches[a].push_back({name, std::clamp<int64_t>(rows, 1, kMaxBlocks), threads});
   result.function_count += 1;
 }

@@ -514,3 +514,47 @@ TEST_CASE("reductions of long rows into few outputs render as parts and a fold o
   CHECK(cuda.launches[0].size() == 1);
   CHECK(cuda.scratch_bytes == 0);
 }
+
+namespace {
+
+// Lines of `ptx` inside the .entry of `function` that contain `what`.
+size_t count_in_entry(const std::string& ptx, const std::string& function, const std::string& what) {
+  const size_t begin = ptx.find(".entry " + function + "(");
+  REQUIRE(begin != std::string::npos);
+  const size_t end = ptx.find(".entry ", begin + 1);
+  return count(ptx.substr(begin, end == std::string::npos ? std::string::npos : end - begin), what);
+}
+
+}  // namespace
+
+// What NVRTC makes of the kernels, read from their PTX: the vector path's loads and stores are
+// 128-bit instructions, and a row group's loops (stepping by the block size as a constant) are
+// unrolled so that each thread has several loads in flight.
+TEST_CASE("the PTX of vector and row-group kernels has 128-bit and unrolled loads", "[cuda][jit][vector]") {
+  if (!jit::nvrtc_available()) {
+    WARN("SKIPPED: kiln was built without the CUDA toolkit (no NVRTC)");
+    return;
+  }
+  Tensor x = input({256, 1024}, DType::Float32), y = input({256, 1024}, DType::Float32);
+  Tensor h = input({256, 1024}, DType::Float16);
+  for (const auto& [name, make, width] : std::vector<std::tuple<std::string, std::function<Tensor()>, std::string>>{
+           {"float", [&] { return exp(x) * y + 1.0; }, "ld.global.v4.f32"},
+           {"half", [&] { return h * h; }, "ld.global.v4.u32"}}) {
+    INFO(name);
+    Tensor out = make();
+    std::vector<NodePtr> targets = {out.node()};
+    jit::CudaSource cuda = jit::render_cuda(jit::schedule_for(targets).kernels);
+    const std::string ptx = jit::cuda_ptx(cuda.source, "compute_90");
+    CHECK(count_in_entry(ptx, cuda.launches[0][0].function, width) >= 2);
+    CHECK(count_in_entry(ptx, cuda.launches[0][0].function, "st.global.v4") >= 1);
+  }
+  Tensor out = softmax(x, 1);
+  std::vector<NodePtr> targets = {out.node()};
+  jit::Schedule schedule = jit::schedule_for(targets);
+  jit::CudaSource cuda = jit::render_cuda(schedule.kernels, jit::cuda_row_groups(schedule.kernels));
+  REQUIRE(cuda.launches[0].size() == 1);
+  const std::string ptx = jit::cuda_ptx(cuda.source, "compute_90");
+  // Three passes over a row of 1024 by 256 threads: 4 loads a pass at least, not 1 in a loop.
+  CHECK(count_in_entry(ptx, cuda.launches[0][0].function, "ld.global.f32") >= 12);
+  CHECK_THROWS_AS(jit::cuda_ptx(cuda.source, "sm_90"), Error);
+}

@@ -5,6 +5,8 @@
 //      once, against a device-to-device copy of the same bytes (read + write).      target >= 0.80
 //   2  row softmax and layer norm over 65536 x 1024 float32; GB/s counting the input read once
 //      and the output written once, against the same copy of the same bytes.        target >= 0.70
+//   2b a full reduction: sum of 256M float32 into one value (kiln splits it over ~1024 blocks);
+//      GB/s counting x read once, against the same copy.              kiln's own target >= 0.70
 //   3  matmul 8192 x 8192 x 8192 bfloat16 (fp32 accumulation) through kiln, against cublasGemmEx
 //      on kiln's stream in the same process; TFLOP/s = 2 M N K / time.              target >= 0.90
 //   4  training steps on Fashion-MNIST shapes (synthetic batch on the device): the MLP
@@ -162,13 +164,14 @@ Samples copy_samples(size_t bytes, int reps, int inner) {
   return time_on_device(reps, inner, [&](int) { cuda::copy_on_device(0, dst->data, src->data, bytes); });
 }
 
-// Times `run` between two halves of the copy baseline over `bytes` (moved: read + write).
-void bandwidth_figure(Figure& f, size_t bytes, int reps, int inner, const std::function<void(int)>& run) {
+// Times `run`, which moves `moved` bytes, between two halves of the copy baseline over `bytes`
+// (moved: read + write).
+void bandwidth_figure(Figure& f, size_t bytes, double moved, int reps, int inner, const std::function<void(int)>& run) {
   Samples copy = copy_samples(bytes, reps, inner);
   Samples kiln_runs = time_on_device(reps, inner, run);
   Samples after = copy_samples(bytes, reps, inner);
   copy.insert(copy.end(), after.begin(), after.end());
-  f.value = 2.0 * static_cast<double>(bytes) / median(kiln_runs) / 1e9;
+  f.value = moved / median(kiln_runs) / 1e9;
   f.baseline = 2.0 * static_cast<double>(bytes) / median(copy) / 1e9;
 }
 
@@ -182,7 +185,8 @@ Figure fused_chain(const Sizes& s, int reps) {
   for (double v : xs) want.push_back(std::max(v * 1.5 + 0.25, 0.0) * 0.75);
   f.check_error = max_relative_error(head(chain(0).realize(), 4096), want);
   f.note = fmt::format("check {:.1e}", f.check_error);
-  bandwidth_figure(f, static_cast<size_t>(s.elements) * sizeof(float), reps, 10, [&](int i) {
+  const size_t bytes = static_cast<size_t>(s.elements) * sizeof(float);
+  bandwidth_figure(f, bytes, 2.0 * static_cast<double>(bytes), reps, 10, [&](int i) {
     Tensor y = chain(i);  // a fresh result every run; the last handle goes at the end of the run
     y.realize();
   });
@@ -207,9 +211,27 @@ Figure row_op(const Sizes& s, int reps, bool softmax) {
     want[j] = softmax ? std::exp(row[j] - peak) / total : (row[j] - mean) / std::sqrt(var + 1e-5) * ws[j] + bs[j];
   f.check_error = max_relative_error(head(op().realize(), s.cols), want);
   f.note = fmt::format("check {:.1e}", f.check_error);
-  bandwidth_figure(f, static_cast<size_t>(s.rows * s.cols) * sizeof(float), reps, 10, [&](int) {
+  const size_t bytes = static_cast<size_t>(s.rows * s.cols) * sizeof(float);
+  bandwidth_figure(f, bytes, 2.0 * static_cast<double>(bytes), reps, 10, [&](int) {
     Tensor y = op();
     y.realize();
+  });
+  return f;
+}
+
+// ---- 2b: a full reduction ----
+
+Figure full_sum(const Sizes& s, int reps) {
+  Figure f("sum", fmt::format("sum of {} f32", count(s.elements)), "GB/s", "D2D copy", 0.70);
+  Tensor x = on_device([&] { return kiln::rand({s.elements}); });  // (N)
+  double want = 0;
+  for (float v : x.to_vector<float>()) want += v;
+  f.check_error = max_relative_error({kiln::sum(x).item()}, {want});
+  f.note = fmt::format("check {:.1e}", f.check_error);
+  const size_t bytes = static_cast<size_t>(s.elements) * sizeof(float);
+  bandwidth_figure(f, bytes, static_cast<double>(bytes), reps, 10, [&](int) {
+    Tensor total = kiln::sum(x);
+    total.realize();
   });
   return f;
 }
@@ -424,6 +446,7 @@ int main(int argc, char** argv) {
       {{"fused_chain", "fused relu(x*a+b)*c", "GB/s", "D2D copy", 0.80}, [&] { return fused_chain(sizes, reps); }},
       {{"softmax", "softmax", "GB/s", "D2D copy", 0.70}, [&] { return row_op(sizes, reps, true); }},
       {{"layer_norm", "layer_norm", "GB/s", "D2D copy", 0.70}, [&] { return row_op(sizes, reps, false); }},
+      {{"sum", "sum", "GB/s", "D2D copy", 0.70}, [&] { return full_sum(sizes, reps); }},
       {{"matmul_bf16", "matmul bf16", "TFLOP/s", "cublasGemmEx", 0.90}, [&] { return matmul_bf16(sizes, reps); }},
       {{"train_mlp", "MLP train step", "ex/s", "PyTorch", 1.0},
        [&] { return training<Mlp>(sizes, reps, "train_mlp", "MLP"); }},

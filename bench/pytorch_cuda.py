@@ -8,6 +8,7 @@
 #   1  y = relu(x * a + b) * c over 256M float32 (eager: four kernels), GB/s counting x read once
 #      and y written once, next to a device-to-device copy of the same bytes (dst.copy_(src))
 #   2  softmax(x, -1) and layer_norm(x, (1024,), w, b) over 65536 x 1024 float32, GB/s as in 1
+#   2b torch.sum(x) over 256M float32 into one value, GB/s counting x read once
 #   3  torch.matmul of two 8192 x 8192 bfloat16 matrices, TFLOP/s = 2 M N K / time
 #   4  training steps: MLP 784-512-512-10 and the CNN of samples/train_mnist.cpp (conv 32, pool,
 #      conv 64, pool, fc 128, fc 10), one synthetic batch of 128 on the device, SGD momentum 0.9
@@ -100,9 +101,9 @@ def main():
         dst = torch.empty_like(src)
         return 2 * nbytes / statistics.median(samples(lambda i: dst.copy_(src), 10)) / 1e9
 
-    def bandwidth(name, nbytes, run, note):
+    def bandwidth(name, nbytes, run, note, moved=None):
         before = copy_gbps(nbytes)
-        value = 2 * nbytes / statistics.median(samples(run, 10)) / 1e9
+        value = (2 * nbytes if moved is None else moved) / statistics.median(samples(run, 10)) / 1e9
         copy = (before + copy_gbps(nbytes)) / 2
         return {"name": name, "unit": "GB/s", "value": value, "baseline_name": "D2D copy", "baseline": copy,
                 "ratio": value / copy, "note": note}
@@ -120,6 +121,10 @@ def main():
         op = (lambda i: torch.softmax(x, -1)) if softmax else \
             (lambda i: torch.nn.functional.layer_norm(x, (s.cols,), w, b))
         return bandwidth(f"{name} {s.rows}x{s.cols} f32", 4 * s.rows * s.cols, op, "")
+
+    def full_sum():
+        x = torch.rand(s.elements, device=dev)  # (N)
+        return bandwidth(f"sum of {s.elements} f32", 4 * s.elements, lambda i: torch.sum(x), "", moved=4 * s.elements)
 
     def matmul_bf16():
         n = s.matmul
@@ -163,7 +168,7 @@ def main():
     print(f"PyTorch {torch.__version__} on {dev.type} ({gpu}); scale {args.scale}, {args.reps} samples per figure;"
           f" TF32 off; training reads loss.item() every step", flush=True)
     plan = [("fused_chain", fused_chain), ("softmax", lambda: row_op(True)), ("layer_norm", lambda: row_op(False)),
-            ("matmul_bf16", matmul_bf16), ("train_mlp", lambda: training("MLP", mlp)),
+            ("sum", full_sum), ("matmul_bf16", matmul_bf16), ("train_mlp", lambda: training("MLP", mlp)),
             ("train_cnn", lambda: training("CNN", cnn))]
     figures = {}
     start = time.perf_counter()

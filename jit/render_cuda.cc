@@ -188,8 +188,12 @@ void CudaKernelRenderer::elementwise(std::string& out, std::vector<CudaLaunch>& 
   out += signature(k_.name);
   out += "  const int64_t stride = (int64_t)gridDim.x * blockDim.x;\n";
   out += "  const int64_t thread = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n";
+  // Elements a thread takes per trip, which sizes the grid: V * kVectors on the vector path (the
+  // scalar fallback then loops more often), kUnroll otherwise.
+  int64_t per_thread = kUnroll;
   if (const VectorPlan plan = vector_plan(k_); plan.width > 0) {
     const int v = plan.width;
+    per_thread = int64_t{v} * kVectors;
     const int64_t vectored = n / v * v;
     std::string aligned = fmt::format("(uint64_t)({}) % {}", values_.buf(0), v * dtype_size(k_.buffers[0].dtype));
     std::string declare, address, elements;
@@ -230,7 +234,7 @@ void CudaKernelRenderer::elementwise(std::string& out, std::vector<CudaLaunch>& 
   out += fmt::format("      result[u] = {};\n    }}\n", store);
   out += fmt::format("#pragma unroll\n    for (int u = 0; u < {}; ++u) {{\n", kUnroll) + element;
   out += fmt::format("      {}[{}] = result[u];\n    }}\n  }}\n}}\n", values_.buf(0), values_.idx(k_.store_index));
-  launches.push_back({k_.name, blocks_for(n, int64_t{kThreads} * kUnroll), kThreads});
+  launches.push_back({k_.name, blocks_for(n, kThreads * per_thread), kThreads});
 }
 
 // Rows: the parallel loop `o` (if any) over outputs, then the reduce loops. A block folds one

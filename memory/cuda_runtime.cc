@@ -219,13 +219,14 @@ double host_ms() {
 }
 }  // namespace
 
-Event::Event(int device) : device_(device) {
+Event::Event(int device, [[maybe_unused]] bool timing) : device_(device) {
   check_device(Device::cuda(device), "cuda::Event");
   if (emulated()) return;
 #if KILN_WITH_CUDA
   use_device(device);
   cudaEvent_t e = nullptr;
-  check(cudaEventCreate(&e), fmt::format("creating an event on cuda:{}", device));
+  check(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming),
+        fmt::format("creating an event on cuda:{}", device));
   event_ = e;
 #endif
 }
@@ -238,15 +239,16 @@ Event::~Event() {
 
 void Event::record() {
   void* s = stream(device_);
-  recorded_ = true;
   host_ms_ = host_ms();
-  if (emulated()) return;
 #if KILN_WITH_CUDA
-  use_device(device_);
-  check(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(s)), "cudaEventRecord");
+  if (!emulated()) {
+    use_device(device_);
+    check(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(s)), "cudaEventRecord");
+  }
 #else
   (void)s;
 #endif
+  recorded_ = true;
 }
 
 bool Event::done() const {
@@ -301,7 +303,8 @@ unsigned char* allocate_pinned(size_t bytes) {
   if (emulated()) return static_cast<unsigned char*>(std::aligned_alloc(4096, bytes));
 #if KILN_WITH_CUDA
   void* p = nullptr;
-  if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) == cudaSuccess) return static_cast<unsigned char*>(p);
+  // Portable: pinned for every device, whichever is current.
+  if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) == cudaSuccess) return static_cast<unsigned char*>(p);
   cudaGetLastError();  // e.g. a locked-memory limit: copy from pageable memory instead
 #endif
   (void)bytes;
@@ -336,16 +339,24 @@ void copy_to_device(int index, void* device_dst, const void* host_src, size_t by
   constexpr size_t kPiece = kStagingBytes / 4;
   for (size_t offset = 0; offset < bytes; offset += kPiece) {
     const size_t n = std::min(kPiece, bytes - offset);
+    // The event first: once the copy is queued, its region must be committed whatever happens.
+    if (st.free_events.empty())
+      st.free_events.push_back(st.events.emplace_back(std::make_unique<Event>(index, false)).get());
+    Event* done = st.free_events.back();
+    st.free_events.pop_back();
     const size_t at = st.ring.reserve(n, [&](void* token) {
       static_cast<Event*>(token)->synchronize();
       release(token);
     });
     std::memcpy(st.buffer + at, static_cast<const unsigned char*>(host_src) + offset, n);
-    copy(index, static_cast<unsigned char*>(device_dst) + offset, st.buffer + at, n, kToDevice, false, "copy to device");
-    if (st.free_events.empty()) st.free_events.push_back(st.events.emplace_back(std::make_unique<Event>(index)).get());
-    Event* done = st.free_events.back();
-    st.free_events.pop_back();
-    done->record();
+    try {
+      copy(index, static_cast<unsigned char*>(device_dst) + offset, st.buffer + at, n, kToDevice, false, "copy to device");
+      done->record();
+    } catch (...) {
+      synchronize(index);  // nothing may still read the region when the next copy takes it
+      release(done);
+      throw;
+    }
     st.ring.commit(at, n, done);
   }
 }

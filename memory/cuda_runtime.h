@@ -62,7 +62,8 @@ void synchronize(int index);
 // emulator work runs when queued, so an event is done once recorded.
 class Event {
  public:
-  explicit Event(int device);
+  // `timing`: whether elapsed_ms may use it (events without timing record and query faster).
+  explicit Event(int device, bool timing = true);
   ~Event();
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;

@@ -414,7 +414,8 @@ struct ConvPlan {
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
   std::vector<ConvChoice> choices;
-  size_t ranked = 0;  // how many cuDNN ranked, for the report when none is usable
+  size_t ranked = 0;    // how many cuDNN ranked, for the report when none is usable
+  std::string refusals;  // what the dropped algorithms answered when called
 
   ConvPlan() = default;
   ConvPlan(const ConvPlan&) = delete;
@@ -443,10 +444,25 @@ ConvState& conv_state() {
   return *state;
 }
 
+// NOT_SUPPORTED answers that concern one algorithm on this problem, not the installation.
+bool algorithm_refused(cudnnStatus_t s) {
+  switch (s) {
+    case CUDNN_STATUS_NOT_SUPPORTED:
+    case CUDNN_STATUS_NOT_SUPPORTED_SHAPE:
+    case CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE:
+    case CUDNN_STATUS_NOT_SUPPORTED_LAYOUT:
+    case CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT:
+    case CUDNN_STATUS_NOT_SUPPORTED_PADDING:
+    case CUDNN_STATUS_NOT_SUPPORTED_BAD_LAUNCH_PARAM: return true;
+    default: return false;
+  }
+}
+
 template <class Describe>
 [[noreturn]] void no_conv_algorithm(const ConvPlan& plan, const Describe& describe) {
   KILN_FAIL(kConvOp, "cuDNN offers no algorithm for this convolution ({} ranked, none usable with at most {} of "
-            "workspace at this precision); {}", plan.ranked, memory::format_bytes(kConvWorkspaceLimit), describe());
+            "workspace at this precision{}); {}", plan.ranked, memory::format_bytes(kConvWorkspaceLimit),
+            plan.refusals.empty() ? "" : "; refused when called:" + plan.refusals, describe());
 }
 
 // cuDNN's ranked algorithms that passed its checks, keep the precision kiln asked for, and need
@@ -601,7 +617,13 @@ void run_conv(int device, onednn::ConvPass pass, DType t, const onednn::ConvGeom
         break;
     }
     // Refused before anything was queued: this algorithm never runs for this plan; try the next.
-    if (CUDNN_STATUS_CATEGORY(status) == CUDNN_STATUS_NOT_SUPPORTED) {
+    // Refusals that name the installation (driver, runtime, a missing sub-library) would refuse
+    // every algorithm alike: they are reported as they are.
+    if (algorithm_refused(status)) {
+      char detail[512] = {};
+      cudnnGetLastErrorString(detail, sizeof(detail));
+      plan.refusals += fmt::format(" algorithm {}: {}{}{};", choice.algo, cudnnGetErrorString(status),
+                                   detail[0] ? ": " : "", detail);
       plan.choices.erase(plan.choices.begin());
       continue;
     }

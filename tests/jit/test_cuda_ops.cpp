@@ -280,6 +280,13 @@ TEST_CASE("CUDA vector loads: aligned, offset, broadcast and odd-sized operands"
       return std::vector<Tensor>{x[0] + x[1], x[2] * x[3], relu(x[2] - 0.25)};
     });
   }
+  // Half operands of a float kernel are 8-byte vectors: aligned 8 bytes in (vector path), or
+  // 4 bytes in (scalar path).
+  Tensor hf = normal({10000}, DType::Float16), ff = normal({10000});
+  compare("mixed-width offsets", {hf, ff}, [](auto& x) {
+    return std::vector<Tensor>{cast(slice(x[0], 0, 4, 9604), DType::Float32) + slice(x[1], 0, 0, 9600),
+                               cast(slice(x[0], 0, 2, 9602), DType::Float32) * slice(x[1], 0, 4, 9604)};
+  });
   Tensor h = normal({64, 160}, DType::Float16), f = normal({64, 160});
   compare("mixed widths", {h, f}, [](auto& x) {
     return std::vector<Tensor>{cast(x[0], DType::Float32) * x[1], cast(gt(x[1], zeros_like(x[1])), DType::Float32),

@@ -85,6 +85,14 @@ class CudaKernelRenderer {
   void split_row_reduce(std::string& out, std::vector<CudaLaunch>& launches, int64_t parts) const;
   void column_reduce(std::string& out, std::vector<CudaLaunch>& launches) const;
   int64_t column_parts() const;
+  // A row reduction's shape: the parallel loop `o` over outputs (if any; loops from `first` are
+  // reduced), the output count, and the elements folded into each.
+  struct Rows {
+    bool has_outer;
+    size_t first;
+    int64_t outer, extent;
+  };
+  Rows rows() const;
   void scatter(std::string& out, std::vector<CudaLaunch>& launches) const;
 
  public:
@@ -244,10 +252,7 @@ void CudaKernelRenderer::row_reduce(std::string& out, std::vector<CudaLaunch>& l
   const char* acc_t = compute_type(out_t);
   const bool is_sum = k_.reduce_op == Op::ReduceSum;
   const std::string init = reduce_init(out_t, is_sum, "KILN_INF");
-  const bool has_outer = !k_.loops.empty() && k_.loops[0].role == Loop::Role::Parallel;
-  const size_t first = has_outer ? 1 : 0;
-  const int64_t outer = has_outer ? k_.loops[0].extent : 1;
-  const int64_t extent = reduce_extent(first, k_.loops.size());
+  const auto [has_outer, first, outer, extent] = rows();
   if (const int64_t parts = split_parts(outer, extent); parts > 1) return split_row_reduce(out, launches, parts);
   const std::string store = fmt::format("{}[{}] = {};", values_.buf(0), values_.idx(k_.store_index), store_value(out_t, "acc"));
   out += signature(k_.name);
@@ -284,10 +289,7 @@ void CudaKernelRenderer::split_row_reduce(std::string& out, std::vector<CudaLaun
   const char* acc_t = compute_type(out_t);
   const bool is_sum = k_.reduce_op == Op::ReduceSum;
   const std::string init = reduce_init(out_t, is_sum, "KILN_INF");
-  const bool has_outer = !k_.loops.empty() && k_.loops[0].role == Loop::Role::Parallel;
-  const size_t first = has_outer ? 1 : 0;
-  const int64_t outer = has_outer ? k_.loops[0].extent : 1;
-  const int64_t extent = reduce_extent(first, k_.loops.size());
+  const auto [has_outer, first, outer, extent] = rows();
   const int64_t chunk = (extent + parts - 1) / parts;
   out += signature(k_.name);
   out += fmt::format("  __shared__ {} fold[32];\n  {}* partial = ({}*)plan_scratch;\n", acc_t, acc_t, acc_t);
@@ -319,6 +321,12 @@ void CudaKernelRenderer::split_row_reduce(std::string& out, std::vector<CudaLaun
   launches.push_back({fold_name, std::min(outer, kMaxBlocks), threads});
 }
 
+CudaKernelRenderer::Rows CudaKernelRenderer::rows() const {
+  const bool has_outer = !k_.loops.empty() && k_.loops[0].role == Loop::Role::Parallel;
+  const size_t first = has_outer ? 1 : 0;
+  return {has_outer, first, has_outer ? k_.loops[0].extent : 1, reduce_extent(first, k_.loops.size())};
+}
+
 int64_t CudaKernelRenderer::scratch_bytes() const {
   if (k_.kind != KernelKind::Reduce) return 0;
   const DType t = k_.buffers[0].dtype;
@@ -328,10 +336,9 @@ int64_t CudaKernelRenderer::scratch_bytes() const {
     const int64_t tiles = k_.loops.front().extent * ((k_.loops.back().extent + 31) / 32);
     return parts == 1 ? 0 : tiles * parts * 32 * acc;
   }
-  const bool has_outer = !k_.loops.empty() && k_.loops[0].role == Loop::Role::Parallel;
-  const int64_t outer = has_outer ? k_.loops[0].extent : 1;
-  const int64_t parts = split_parts(outer, reduce_extent(has_outer ? 1 : 0, k_.loops.size()));
-  return parts == 1 ? 0 : outer * parts * acc;
+  const Rows r = rows();
+  const int64_t parts = split_parts(r.outer, r.extent);
+  return parts == 1 ? 0 : r.outer * parts * acc;
 }
 
 // Columns: loops `o` (parallel), the reduce loops, then `i` (the contiguous last axis). A block

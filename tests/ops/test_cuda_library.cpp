@@ -4,7 +4,9 @@
 // every machine: what the unit claims to support, and a kiln::Error for anything else.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <cstddef>
 #include <limits>
 #include <memory>
@@ -19,8 +21,10 @@
 #include "memory/allocator.h"
 #include "memory/cuda_runtime.h"
 #include "ops/cuda_library.h"
+#include "tests/ops/matmul_layouts.h"
 
 using kiln::DType;
+using namespace kiln::test;
 using kiln::onednn::ConvGeometry;
 using kiln::onednn::ConvPass;
 
@@ -93,28 +97,6 @@ double matmul_tolerance(DType t) {
 // Matmul
 // ---------------------------------------------------------------------------------------------
 
-// How one (rows, cols) matrix of an operand sits in memory.
-enum class Layout {
-  RowMajor,    // strides {., cols, 1}
-  Transposed,  // strides {., 1, rows}
-  Padded,      // row stride cols + 3: a slice of a wider matrix
-  Strided,     // every other column: no unit stride, copied before cuBLASLt
-  Reversed,    // column stride -1: copied before cuBLASLt
-  Repeated,    // row stride 0: one row expanded to every row, copied before cuBLASLt
-};
-
-const char* layout_name(Layout l) {
-  switch (l) {
-    case Layout::RowMajor: return "row-major";
-    case Layout::Transposed: return "transposed";
-    case Layout::Padded: return "padded";
-    case Layout::Strided: return "strided";
-    case Layout::Reversed: return "reversed";
-    case Layout::Repeated: return "repeated";
-  }
-  return "?";
-}
-
 // A (batch, rows, cols) operand: host values, their device copy, and the strides and element
 // offset at which the matmul reads them.
 struct Operand {
@@ -133,38 +115,18 @@ struct Operand {
 // `shift` elements in front of the data leave the pointer less aligned than the allocation.
 Operand make_operand(DType t, int64_t batch, int64_t rows, int64_t cols, Layout layout, bool broadcast,
                      int64_t shift, std::mt19937& rng) {
+  const OperandShape shape = operand_shape(batch, rows, cols, layout, broadcast);
   Operand op;
   op.dtype = t;
-  int64_t span = rows * cols;  // elements one matrix occupies
-  switch (layout) {
-    case Layout::RowMajor: op.strides[1] = cols, op.strides[2] = 1; break;
-    case Layout::Transposed: op.strides[1] = 1, op.strides[2] = rows; break;
-    case Layout::Padded: op.strides[1] = cols + 3, op.strides[2] = 1, span = rows * (cols + 3); break;
-    case Layout::Strided: op.strides[1] = 2 * cols + 1, op.strides[2] = 2, span = rows * (2 * cols + 1); break;
-    case Layout::Reversed: op.strides[1] = cols, op.strides[2] = -1, op.base = cols - 1; break;
-    case Layout::Repeated: op.strides[1] = 0, op.strides[2] = 1, span = cols; break;
-  }
-  op.strides[0] = broadcast ? 0 : span;
-  op.base += shift;
-  const int64_t stored = broadcast ? 1 : batch;
-  op.host = random_values(t, static_cast<size_t>(shift + stored * span), rng);
+  std::copy(std::begin(shape.strides), std::end(shape.strides), op.strides);
+  op.base = shape.base + shift;
+  op.host = random_values(t, static_cast<size_t>(shift + shape.stored), rng);
   op.device = to_device(op.host);
   return op;
 }
 
-struct MatmulCase {
-  DType dtype = DType::Float32;
-  int64_t batch = 1, M = 1, K = 1, N = 1;
-  Layout a_layout = Layout::RowMajor, b_layout = Layout::RowMajor;
-  bool a_broadcast = false, b_broadcast = false;
-  int64_t a_shift = 0, b_shift = 0, c_shift = 0;
-};
-
 void check_matmul(const MatmulCase& cs, double tol) {
-  INFO(kiln::dtype_name(cs.dtype) << " batch " << cs.batch << " M " << cs.M << " K " << cs.K << " N " << cs.N
-       << " A " << layout_name(cs.a_layout) << (cs.a_broadcast ? " (broadcast)" : "") << " B "
-       << layout_name(cs.b_layout) << (cs.b_broadcast ? " (broadcast)" : "") << " shifts " << cs.a_shift << ", "
-       << cs.b_shift << ", " << cs.c_shift);
+  INFO(describe(cs));
   std::mt19937 rng(static_cast<unsigned>(cs.batch * 1000003 + cs.M * 10007 + cs.K * 101 + cs.N));
   const DType t = cs.dtype;
   const Operand a = make_operand(t, cs.batch, cs.M, cs.K, cs.a_layout, cs.a_broadcast, cs.a_shift, rng);

@@ -12,30 +12,12 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "ops/matmul_onednn.h"
+#include "tests/ops/matmul_layouts.h"
 
 using kiln::DType;
+using namespace kiln::test;
 
 namespace {
-
-// How one (rows, cols) matrix of an operand sits in memory.
-enum class Layout {
-  RowMajor,    // strides {rows*cols, cols, 1}
-  Transposed,  // strides {rows*cols, 1, rows}
-  Padded,      // row stride cols + 3: a slice of a wider matrix
-  Strided,     // no unit stride (every other column): oneDNN's fast kernels refuse it
-  Reversed,    // column stride -1: a flipped view
-};
-
-const char* layout_name(Layout l) {
-  switch (l) {
-    case Layout::RowMajor: return "row-major";
-    case Layout::Transposed: return "transposed";
-    case Layout::Padded: return "padded";
-    case Layout::Strided: return "strided";
-    case Layout::Reversed: return "reversed";
-  }
-  return "?";
-}
 
 // A (batch, rows, cols) operand with random values in [-1, 1], already rounded to its dtype, so
 // the double reference sees exactly what oneDNN reads. Unused slots hold NaN to catch bad strides.
@@ -53,22 +35,10 @@ struct Operand {
 
 Operand make_operand(DType t, int64_t batch, int64_t rows, int64_t cols, Layout layout,
                      bool broadcast, std::mt19937& rng) {
-  Operand op{t, {}, {0, 0, 0}};
-  int64_t matrix_size = rows * cols;
-  switch (layout) {
-    case Layout::RowMajor: op.strides[1] = cols; op.strides[2] = 1; break;
-    case Layout::Transposed: op.strides[1] = 1; op.strides[2] = rows; break;
-    case Layout::Padded:
-      op.strides[1] = cols + 3, op.strides[2] = 1, matrix_size = rows * (cols + 3);
-      break;
-    case Layout::Strided:
-      op.strides[1] = 2 * cols + 1, op.strides[2] = 2, matrix_size = rows * (2 * cols + 1);
-      break;
-    case Layout::Reversed: op.strides[1] = cols; op.strides[2] = -1; op.base = cols - 1; break;
-  }
+  const OperandShape shape = operand_shape(batch, rows, cols, layout, broadcast);
+  Operand op{t, {}, {shape.strides[0], shape.strides[1], shape.strides[2]}, shape.base};
   const int64_t stored_batches = broadcast ? 1 : batch;
-  op.strides[0] = broadcast ? 0 : matrix_size;
-  const size_t count = static_cast<size_t>(stored_batches * matrix_size);
+  const size_t count = static_cast<size_t>(shape.stored);
   op.storage.resize(count * kiln::dtype_size(t));
   for (size_t i = 0; i < count; ++i)
     kiln::store_from_double(op.storage.data(), t, i, std::numeric_limits<double>::quiet_NaN());
@@ -81,19 +51,10 @@ Operand make_operand(DType t, int64_t batch, int64_t rows, int64_t cols, Layout 
   return op;
 }
 
-struct Case {
-  DType dtype = DType::Float32;
-  int64_t batch = 1, M = 1, K = 1, N = 1;
-  Layout a_layout = Layout::RowMajor, b_layout = Layout::RowMajor;
-  bool a_broadcast = false, b_broadcast = false;
-};
-
 // Runs one matmul and compares every element with the double reference. The bound scales with
 // sum_k |a_ik * b_kj|, which is what rounding errors in the accumulation and the output scale with.
-void check(const Case& cs, double rel_tol) {
-  INFO("dtype " << kiln::dtype_name(cs.dtype) << " batch " << cs.batch << " M " << cs.M << " K " << cs.K
-                << " N " << cs.N << " A " << layout_name(cs.a_layout) << (cs.a_broadcast ? " (broadcast)" : "")
-                << " B " << layout_name(cs.b_layout) << (cs.b_broadcast ? " (broadcast)" : ""));
+void check(const MatmulCase& cs, double rel_tol) {
+  INFO(describe(cs));
   std::mt19937 rng(static_cast<unsigned>(cs.batch * 1000003 + cs.M * 10007 + cs.K * 101 + cs.N));
   const Operand a = make_operand(cs.dtype, cs.batch, cs.M, cs.K, cs.a_layout, cs.a_broadcast, rng);
   const Operand b = make_operand(cs.dtype, cs.batch, cs.K, cs.N, cs.b_layout, cs.b_broadcast, rng);
@@ -133,7 +94,7 @@ void check_layouts(DType t, double tol) {
                             Layout::Reversed};
   for (Layout la : layouts)
     for (Layout lb : layouts) {
-      Case cs{t, 2, 17, 65, 3, la, lb};
+      MatmulCase cs{t, 2, 17, 65, 3, la, lb};
       check(cs, tol);
       cs.M = 65, cs.K = 3, cs.N = 17;
       check(cs, tol);

@@ -17,6 +17,8 @@
 //   ./build-bench/bench/bench_compile [repeats]          # default 5
 #include <kiln/kiln.h>
 
+#include "backends/cpu/compiler.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -36,7 +38,7 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr int64_t N = 256, D = 16, H = 64;  // as in samples/quickstart.cpp
-// Same flags as kCompileFlags in jit/compiler.cc (keep in sync; used for the baseline only).
+// Same flags as kCompileFlags in backends/cpu/compiler.cc (keep in sync; used for the baseline only).
 constexpr const char* kJitFlags = "-O2 -march=native -fno-math-errno -fno-trapping-math -fopenmp -shared -fPIC -std=c++17 -w";
 
 double median(std::vector<double> v) {

@@ -10,18 +10,20 @@
 
 #include "core/flags.h"
 #include "core/tensor.h"
-#include "jit/compiler.h"
-#include "jit/cuda_kernels.h"
-#include "jit/render_cpp.h"
+#include "backends/cpu/compiler.h"
+#include "jit/disk_cache.h"
+#include "jit/stats.h"
+#include "backends/cuda/cuda_kernels.h"
+#include "backends/cpu/render_cpp.h"
 #include "jit/schedule.h"
 #include "memory/allocator.h"
-#include "memory/cuda_runtime.h"
+#include "backends/cuda/cuda_runtime.h"
 #include "memory/planner.h"
 #include "memory/pool.h"
 #include "memory/recompute.h"
-#include "ops/conv_onednn.h"
-#include "ops/cuda_library.h"
-#include "ops/matmul_onednn.h"
+#include "backends/cpu/conv_onednn.h"
+#include "backends/cuda/cuda_library.h"
+#include "backends/cpu/matmul_onednn.h"
 
 namespace kiln::jit {
 
@@ -35,7 +37,7 @@ struct Plan {
   std::unique_ptr<CudaKernels> cuda;  // the JIT kernels of a CUDA plan
   std::vector<int> fallible;        // kernels that may report an index out of range, in order
   std::vector<int> error_pair;      // per kernel: its index-error pair in a CUDA run (0 if it cannot fail)
-  // CUDA plans: per kernel, the first kernel of its row group (jit/render_cuda.h), itself when
+  // CUDA plans: per kernel, the first kernel of its row group (backends/cuda/render_cuda.h), itself when
   // alone; empty for CPU plans. A group runs as one function, so memory is planned as if it were
   // one kernel.
   std::vector<int> group_start;

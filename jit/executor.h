@@ -7,6 +7,7 @@
 
 #include "core/node.h"
 #include "jit/schedule.h"
+#include "jit/stats.h"
 #include "memory/profile.h"
 
 namespace kiln::jit {
@@ -19,7 +20,5 @@ Schedule schedule_for(const std::vector<NodePtr>& targets);
 
 // The memory layout of the plan the most recent realize call ran.
 memory::PlanLayout last_plan_memory();
-void clear_plan_cache();
-size_t plan_cache_size();
 
 }  // namespace kiln::jit

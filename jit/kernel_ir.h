@@ -7,7 +7,7 @@
 #include "core/dtype.h"
 #include "core/op.h"
 #include "jit/index_expr.h"
-#include "ops/conv_onednn.h"
+#include "backends/cpu/conv_onednn.h"
 
 namespace kiln::jit {
 
@@ -71,7 +71,7 @@ struct MatmulCall {
   int64_t batch = 0, M = 0, K = 0, N = 0;
 };
 
-// Both operands are contiguous buffers in the layouts of ops/conv_onednn.h.
+// Both operands are contiguous buffers in the layouts of backends/cpu/conv_onednn.h.
 struct ConvCall {
   onednn::ConvPass pass = onednn::ConvPass::Forward;
   int a_buffer = -1, b_buffer = -1;  // kernel buffers

@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "core/flags.h"
-#include "memory/cuda_runtime.h"
+#include "backends/cuda/cuda_runtime.h"
 #include "memory/pool.h"
 
 namespace kiln::memory {

@@ -3,7 +3,7 @@
 
 #include <fmt/format.h>
 
-#include "memory/cuda_runtime.h"
+#include "backends/cuda/cuda_runtime.h"
 
 namespace kiln::nn {
 

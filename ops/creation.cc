@@ -5,7 +5,7 @@
 #include "core/autograd.h"
 #include "core/flags.h"
 #include "memory/allocator.h"
-#include "memory/cuda_runtime.h"
+#include "backends/cuda/cuda_runtime.h"
 #include "ops/ops.h"
 #include "ops/primitive.h"
 

@@ -1,9 +1,9 @@
 #include "ops/library.h"
 
-#include "memory/cuda_runtime.h"
-#include "ops/conv_onednn.h"
-#include "ops/cuda_library.h"
-#include "ops/matmul_onednn.h"
+#include "backends/cuda/cuda_runtime.h"
+#include "backends/cpu/conv_onednn.h"
+#include "backends/cuda/cuda_library.h"
+#include "backends/cpu/matmul_onednn.h"
 
 namespace kiln {
 

@@ -4,7 +4,7 @@
 
 #include "core/autograd.h"
 #include "core/flags.h"
-#include "memory/cuda_runtime.h"
+#include "backends/cuda/cuda_runtime.h"
 
 namespace kiln::prim {
 

@@ -2,7 +2,7 @@
 // API (ops/ops.h) broadcasts and promotes first, then calls these; grad rules call them too.
 #pragma once
 #include "core/tensor.h"
-#include "ops/conv_onednn.h"
+#include "backends/cpu/conv_onednn.h"
 
 namespace kiln::prim {
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "backends/cpu/compiler.h"
 #include "memory/allocator.h"
 #include "tests/support/mlp.h"
 

@@ -2,7 +2,7 @@
 #include <catch2/catch.hpp>
 #include <kiln/kiln.h>
 
-#include "memory/cuda_runtime.h"
+#include "backends/cuda/cuda_runtime.h"
 
 using namespace kiln;
 

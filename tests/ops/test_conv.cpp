@@ -8,8 +8,10 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
-#include "jit/compiler.h"
-#include "ops/conv_onednn.h"
+#include "backends/cpu/compiler.h"
+#include "jit/disk_cache.h"
+#include "jit/stats.h"
+#include "backends/cpu/conv_onednn.h"
 #include "ops/ops.h"
 #include "ops/primitive.h"
 #include "tests/support/gradcheck.h"

@@ -1,4 +1,4 @@
-// The float32 fast math of jit/cpu_prelude.h (exp, log, tanh, erf) against libm over its whole
+// The float32 fast math of backends/cpu/cpu_prelude.h (exp, log, tanh, erf) against libm over its whole
 // range: overflow, underflow, subnormals, infinities and NaN included.
 #include <catch2/catch.hpp>
 

@@ -1,0 +1,203 @@
+#include "backends/cpu/render_cpp.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "backends/cpu/cpu_prelude.h"
+#include "jit/random_prelude.h"
+#include "jit/render_common.h"
+
+namespace kiln::jit {
+
+namespace {
+
+// Work below this many elements is not worth waking the OpenMP team for.
+constexpr int64_t kParallelThreshold = 32768;
+
+// The host compiler's math: the prelude's vectorizable float functions, GCC builtins for double.
+constexpr OpPatterns kCppPatterns = with_math(kSharedPatterns, {
+    {Op::Exp, "kiln_expf({0})", "__builtin_exp({0})"},
+    {Op::Log, "kiln_logf({0})", "__builtin_log({0})"},
+    {Op::Sqrt, "__builtin_sqrtf({0})", "__builtin_sqrt({0})"},
+    {Op::Rsqrt, "(1.0f / __builtin_sqrtf({0}))", "(1.0 / __builtin_sqrt({0}))"},
+    {Op::Sin, "__builtin_sinf({0})", "__builtin_sin({0})"},
+    {Op::Cos, "__builtin_cosf({0})", "__builtin_cos({0})"},
+    {Op::Tanh, "kiln_tanhf({0})", "__builtin_tanh({0})"},
+    {Op::Erf, "kiln_erff({0})", "__builtin_erf({0})"},
+    {Op::Floor, "__builtin_floorf({0})", "__builtin_floor({0})"},
+    {Op::Pow, "__builtin_powf({0}, {1})", "__builtin_pow({0}, {1})"},
+});
+static_assert(covers_every_op(kCppPatterns), "every primitive in core/op.h needs a renderer entry, in enum order");
+
+class CppKernelRenderer {
+ public:
+  explicit CppKernelRenderer(const Kernel& k) : k_(k) {}
+  std::string render();
+
+ private:
+  std::string buf(int b) const { return values_.buf(b); }
+  std::string idx(const IndexExpr& e) const { return values_.idx(e); }
+  void emit_values(std::string& out, const std::string& indent) const { values_.emit_values(out, indent); }
+  std::string v(int id) const { return values_.v(id); }
+  void render_column_reduce(std::string& out, const char* acc_t, const std::string& init, bool is_sum,
+                            bool parallel) const;
+
+  const Kernel& k_;
+  ValueRenderer values_{k_, kCppPatterns};
+};
+
+// Loops: chunks of the output's last axis (parallel) x reduce axes x the chunk (vectorized),
+// with an accumulator array per chunk, so every load in the inner loop is contiguous.
+void CppKernelRenderer::render_column_reduce(std::string& out, const char* acc_t, const std::string& init,
+                                             bool is_sum, bool parallel) const {
+  constexpr int64_t kChunk = 128;
+  const Loop& outer = k_.loops.front();
+  const Loop& inner = k_.loops.back();
+  const int64_t chunks = (inner.extent + kChunk - 1) / kChunk;
+  if (parallel) out += "  #pragma omp parallel for\n";
+  out += fmt::format("  for (int64_t t = 0; t < {}LL; ++t) {{\n", outer.extent * chunks);
+  out += fmt::format("    const int64_t {} = t / {}LL, c0 = (t % {}LL) * {}LL;\n", outer.var, chunks, chunks, kChunk);
+  out += fmt::format("    const int64_t cn = {}LL - c0 < {}LL ? {}LL - c0 : {}LL;\n", inner.extent, kChunk, inner.extent, kChunk);
+  out += fmt::format("    {} acc[{}];\n    for (int64_t j = 0; j < cn; ++j) acc[j] = {};\n", acc_t, kChunk, init);
+  std::string indent = "    ";
+  for (size_t l = 1; l + 1 < k_.loops.size(); ++l) {
+    out += fmt::format("{0}for (int64_t {1} = 0; {1} < {2}LL; ++{1}) {{\n", indent, k_.loops[l].var, k_.loops[l].extent);
+    indent += "  ";
+  }
+  out += indent + "#pragma omp simd\n";
+  out += fmt::format("{}for (int64_t j = 0; j < cn; ++j) {{\n", indent);
+  out += fmt::format("{}  const int64_t {} = c0 + j;\n", indent, inner.var);
+  emit_values(out, indent + "  ");
+  std::string result = v(k_.value);
+  out += fmt::format("{}  {}\n", indent,
+                     is_sum ? fmt::format("acc[j] += {};", result) : fmt::format("acc[j] = KILN_MAX({}, acc[j]);", result));
+  out += indent + "}\n";
+  for (size_t l = 1; l + 1 < k_.loops.size(); ++l) {
+    indent.resize(indent.size() - 2);
+    out += indent + "}\n";
+  }
+  out += "    for (int64_t j = 0; j < cn; ++j) {\n";
+  out += fmt::format("      const int64_t {} = c0 + j;\n", inner.var);
+  out += fmt::format("      {}[{}] = {};\n", buf(0), idx(k_.store_index), store_value(k_.buffers[0].dtype, "acc[j]"));
+  out += "    }\n  }\n";
+}
+
+std::string CppKernelRenderer::render() {
+  std::string out;
+  out += fmt::format("// {}\nextern \"C\" void {}(void* const* bufs, const double* sc, const int64_t* isc, int64_t* err) {{\n",
+                     k_.summary, k_.name);
+  for (size_t b = 0; b < k_.buffers.size(); ++b)
+    out += fmt::format("  {}* {} = ({}*)bufs[{}];\n", storage_type(k_.buffers[b].dtype), buf(static_cast<int>(b)),
+                       storage_type(k_.buffers[b].dtype), k_.buffers[b].slot);
+  for (const Expr& e : k_.exprs)
+    if (e.kind == Expr::Kind::Scalar)
+      out += fmt::format("  const {} s{} = ({})sc[{}];\n", compute_type(e.dtype), e.slot, compute_type(e.dtype), e.slot);
+  out += "  (void)sc; (void)isc; (void)err;\n";
+
+  DType out_t = k_.buffers[0].dtype;
+  std::string result = v(k_.value);
+  int64_t work = k_.out_numel;
+  for (const Loop& l : k_.loops)
+    if (l.role == Loop::Role::Reduce) work *= l.extent;
+  // Small kernels run on the calling thread with no parallel region at all: `parallel ... if(0)`
+  // still costs a GOMP_parallel call, and on a combined `parallel for simd` an unqualified if()
+  // also switches off the simd part (OpenMP 5.0), leaving the loop unvectorized.
+  const bool parallel = work > kParallelThreshold;
+  const std::string parallel_for = parallel ? "parallel for " : "";
+
+  if (k_.kind == KernelKind::Elementwise) {
+    const Loop& l0 = k_.loops[0];
+    if (k_.loops.size() == 1) {
+      out += fmt::format("  #pragma omp {}simd\n", parallel_for);
+      out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", l0.var, l0.extent);
+      emit_values(out, "    ");
+    } else {
+      const Loop& l1 = k_.loops[1];
+      if (parallel) out += "  #pragma omp parallel for\n";
+      out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", l0.var, l0.extent);
+      // Output elements are independent; without the pragma GCC -O2 will not vectorize a loop
+      // that needs a run-time alias check.
+      out += "  #pragma omp simd\n";
+      out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", l1.var, l1.extent);
+      emit_values(out, "    ");
+    }
+    out += fmt::format("    {}[{}] = {};\n", buf(0), idx(k_.store_index), store_value(out_t, result));
+    out += k_.loops.size() == 1 ? "  }\n" : "  }}\n";
+  } else if (k_.kind == KernelKind::Reduce) {
+    bool is_sum = k_.reduce_op == Op::ReduceSum;
+    DType acc_dtype = out_t;
+    const char* acc_t = compute_type(acc_dtype);
+    std::string init = reduce_init(acc_dtype, is_sum, "__builtin_inff()");
+    std::string combine = is_sum ? fmt::format("acc += {};", result) : fmt::format("acc = KILN_MAX({}, acc);", result);
+    // OpenMP's built-in max drops NaN when it combines partial results (and GCC's simd version
+    // can lose every element): floats use the prelude's NaN-propagating kiln_max reduction.
+    std::string clause = is_sum ? "reduction(+:acc)"
+                                : (is_floating(acc_dtype) ? "reduction(kiln_max:acc)" : "reduction(max:acc)");
+    if (k_.column) {
+      render_column_reduce(out, acc_t, init, is_sum, parallel);
+      out += "}\n";
+      return out;
+    }
+    bool has_outer = !k_.loops.empty() && k_.loops[0].role == Loop::Role::Parallel;
+    std::string indent = "  ";
+    // A few elements per output (pooling windows): vectorize across outputs instead; the
+    // constant-trip reduce loops unroll inside the vector body.
+    int64_t reduce_extent = 1;
+    for (size_t l = has_outer ? 1 : 0; l < k_.loops.size(); ++l) reduce_extent *= k_.loops[l].extent;
+    const bool simd_outer = has_outer && reduce_extent <= 16;
+    if (has_outer) {
+      if (parallel || simd_outer) out += fmt::format("  #pragma omp {}{}\n", parallel_for, simd_outer ? "simd" : "");
+      out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", k_.loops[0].var, k_.loops[0].extent);
+      indent = "    ";
+    }
+    out += fmt::format("{}{} acc = {};\n", indent, acc_t, init);
+    size_t first_reduce = has_outer ? 1 : 0;
+    std::string inner_indent = indent;
+    for (size_t l = first_reduce; l < k_.loops.size(); ++l) {
+      const Loop& loop = k_.loops[l];
+      bool innermost = l + 1 == k_.loops.size();
+      if (!has_outer && l == first_reduce && k_.loops.size() == 1)
+        out += fmt::format("{}#pragma omp {}simd {}\n", inner_indent, parallel_for, clause);
+      else if (innermost && is_sum && is_floating(acc_dtype))
+        out += fmt::format("{}#pragma omp simd {}\n", inner_indent, clause);
+      out += fmt::format("{0}for (int64_t {1} = 0; {1} < {2}LL; ++{1}) {{\n", inner_indent, loop.var, loop.extent);
+      inner_indent += "  ";
+    }
+    emit_values(out, inner_indent);
+    out += inner_indent + combine + "\n";
+    for (size_t l = first_reduce; l < k_.loops.size(); ++l) {
+      inner_indent.resize(inner_indent.size() - 2);
+      out += inner_indent + "}\n";
+    }
+    out += fmt::format("{}{}[{}] = {};\n", indent, buf(0), idx(k_.store_index), store_value(out_t, "acc"));
+    if (has_outer) out += "  }\n";
+  } else if (k_.kind == KernelKind::Scatter) {
+    out += fmt::format("  #pragma omp {}simd\n", k_.out_numel > kParallelThreshold ? "parallel for " : "");
+    out += fmt::format("  for (int64_t z = 0; z < {}LL; ++z) {}[z] = {};\n", k_.out_numel, buf(0),
+                       store_value(out_t, "0"));
+    const Loop& l0 = k_.loops[0];
+    const Loop& l1 = k_.loops[1];
+    if (parallel) out += "  #pragma omp parallel for\n";
+    out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", l0.var, l0.extent);
+    out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", l1.var, l1.extent);
+    emit_values(out, "    ");
+    out += fmt::format("    const int64_t at = {} + {}LL * kiln_check_index((int64_t){}, {}LL, err);\n", idx(k_.store_index),
+                       k_.scatter_stride, v(k_.scatter_index), k_.scatter_extent);
+    out += fmt::format("    {0}[at] = {1};\n", buf(0),
+                       store_value(out_t, fmt::format("{} + {}", load_value(out_t, buf(0) + "[at]"), result)));
+    out += "  }}\n";
+  }
+  out += "}\n";
+  return out;
+}
+
+}  // namespace
+
+std::string render_cpp(const std::vector<Kernel>& kernels) {
+  std::string src = std::string(kCpuPrelude) + kRandomPrelude;
+  for (const Kernel& k : kernels)
+    if (!is_library(k.kind)) src += "\n" + CppKernelRenderer(k).render();
+  return src;
+}
+
+}  // namespace kiln::jit

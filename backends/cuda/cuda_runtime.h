@@ -1,0 +1,95 @@
+// The CUDA runtime as kiln sees it: whether a device is there (never a crash when the driver or
+// the GPU is missing), what it is, its memory, kiln's stream and copies. Only the runtime library
+// (cudart) is used, never libcuda directly. In a build without the CUDA toolkit every query
+// answers "no device" with that reason.
+//
+// Work on a device is ordered on one stream per device (stream(index)): kernels, library calls,
+// copies. Host-visible results (copy_to_host, synchronize) wait for it.
+//
+// With no GPU and flags().cuda_emulator (KILN_CUDA_EMULATOR=1), cuda:0 is the host emulator
+// (backends/cuda/cuda_emulator.h): "device memory" is host memory, copies are memcpy, kernels run on host
+// fibers. The CUDA code paths then run, slowly, on any machine; a real device always wins.
+//
+//   if (kiln::cuda::available()) fmt::print("{}\n", kiln::cuda::device_info(0).name);
+//   else fmt::print("no CUDA: {}\n", kiln::cuda::unavailable_reason());
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/device.h"
+
+namespace kiln::cuda {
+
+// True when this build has CUDA and the runtime reports at least one device, or the emulator is on.
+bool available();
+// True when cuda:0 is the host emulator (no GPU here, flags().cuda_emulator set at first query).
+bool emulated();
+// Whether `device` is a real GPU, where NVIDIA's libraries (cuBLASLt, cuDNN) run; the emulator's
+// library calls run on the CPU's.
+inline bool is_gpu(Device device) { return device.is_cuda() && !emulated(); }
+int device_count();  // 0 when unavailable
+// Why available() is false, in words (e.g. the runtime's "CUDA driver version is insufficient");
+// empty when it is true.
+const std::string& unavailable_reason();
+
+struct DeviceInfo {
+  std::string name;
+  int major = 0, minor = 0;  // compute capability
+  int64_t total_memory = 0;  // bytes
+  int multiprocessors = 0;
+};
+DeviceInfo device_info(int index);
+
+// Throws kiln::Error naming `op` when `device` is a CUDA device this process cannot use (no CUDA
+// in the build, no device, or an index past the last one); does nothing for the CPU.
+void check_device(Device device, std::string_view op);
+
+// Raw device memory (cudaMalloc / cudaFree). allocate returns nullptr when the device is out of
+// memory; other failures throw.
+void* device_malloc(int index, size_t bytes);
+void device_free(int index, void* p, size_t bytes);
+
+// kiln's stream on device `index` (a cudaStream_t; nullptr for the emulator), created on first use.
+void* stream(int index);
+// Waits until everything queued on stream(index) has finished; throws kiln::Error with the
+// runtime's message if an earlier kernel failed.
+void synchronize(int index);
+
+// A point in the work queued on stream(device): record() marks it, done() asks without waiting,
+// synchronize() waits for it, elapsed_ms() is the GPU time between two recorded events. On the
+// emulator work runs when queued, so an event is done once recorded.
+class Event {
+ public:
+  // `timing`: whether elapsed_ms may use it (events without timing record and query faster).
+  explicit Event(int device, bool timing = true);
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  void record();
+  bool done() const;
+  void synchronize() const;
+  static double elapsed_ms(const Event& start, const Event& end);
+
+ private:
+  int device_;
+  void* event_ = nullptr;  // cudaEvent_t
+  double host_ms_ = 0;     // the emulator's record time
+  bool recorded_ = false;
+};
+
+// Copies of `bytes` between host memory and device `index`, ordered on stream(index).
+// copy_to_device returns once `host_src` may be reused: its bytes are staged in a pinned buffer
+// (a ring of kStagingBytes per device, waited on only when full) and the copy from there is
+// queued, so the host does not wait for the device's earlier work. copy_to_host returns when
+// `host_dst` holds the data.
+inline constexpr size_t kStagingBytes = size_t{64} << 20;
+void copy_to_device(int index, void* device_dst, const void* host_src, size_t bytes);
+void copy_to_host(int index, void* host_dst, const void* device_src, size_t bytes);
+// Queued on stream(index): a device-to-device copy, and every byte of [p, p + bytes) set to `value`.
+void copy_on_device(int index, void* dst, const void* src, size_t bytes);
+void fill_bytes(int index, void* p, int value, size_t bytes);
+
+}  // namespace kiln::cuda

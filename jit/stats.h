@@ -1,0 +1,38 @@
+// The JIT's public face: process-wide counters (kernels compiled and run, cache hits), the kernel
+// cache directory, and resetting the caches. The one JIT header a program or a test needs.
+//
+//   kiln::jit::reset_stats();
+//   train_step();
+//   fmt::print("{} kernels, {} compiled\n", kiln::jit::stats().kernels_run, kiln::jit::stats().kernels_compiled);
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace kiln::jit {
+
+// The compilers count compiles and cache hits; the executor counts kernels_run, plan_cache_hits
+// and plans_built.
+struct JitStats {
+  int64_t kernels_run = 0;
+  int64_t kernels_compiled = 0;
+  int64_t modules_compiled = 0;
+  int64_t disk_cache_hits = 0;
+  int64_t memory_cache_hits = 0;
+  int64_t plan_cache_hits = 0;
+  int64_t plans_built = 0;
+  double compile_seconds = 0;
+};
+
+JitStats& stats();
+void reset_stats();
+
+// flags().cache_dir, else $HOME/.cache/kiln, else /tmp/kiln-cache; created if missing. Absolute.
+std::string cache_directory();
+
+// Forgets every cached plan: the next realize schedules, plans and compiles (or finds compiled
+// kernels in the kernel caches) again.
+void clear_plan_cache();
+size_t plan_cache_size();
+
+}  // namespace kiln::jit

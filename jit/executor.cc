@@ -1,177 +1,33 @@
+// The executor: realize(targets) = collect -> [memory budget] -> plan cache, else schedule ->
+// lower -> plan -> compile (backend) -> run (backend). It binds a run's data to the plan and runs
+// it through the plan's backend (jit/backend.h); everything device-specific is there.
 #include "jit/executor.h"
 
 #include <omp.h>
 
-#include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
 #include "core/flags.h"
 #include "core/tensor.h"
-#include "backends/cpu/compiler.h"
-#include "jit/disk_cache.h"
-#include "jit/stats.h"
-#include "backends/cuda/cuda_kernels.h"
-#include "backends/cpu/render_cpp.h"
+#include "jit/backend.h"
+#include "jit/collect.h"
+#include "jit/lower.h"
+#include "jit/plan.h"
 #include "jit/schedule.h"
+#include "jit/stats.h"
 #include "memory/allocator.h"
-#include "backends/cuda/cuda_runtime.h"
-#include "memory/planner.h"
 #include "memory/pool.h"
 #include "memory/recompute.h"
-#include "backends/cpu/conv_onednn.h"
-#include "backends/cuda/cuda_library.h"
-#include "backends/cpu/matmul_onednn.h"
 
 namespace kiln::jit {
 
 namespace {
 
-struct Plan {
-  Device device;
-  Schedule schedule;
-  std::shared_ptr<CompiledModule> module;
-  std::vector<KernelFn> fns;        // per kernel; null for library calls (CPU plans)
-  std::unique_ptr<CudaKernels> cuda;  // the JIT kernels of a CUDA plan
-  std::vector<int> fallible;        // kernels that may report an index out of range, in order
-  std::vector<int> error_pair;      // per kernel: its index-error pair in a CUDA run (0 if it cannot fail)
-  // CUDA plans: per kernel, the first kernel of its row group (backends/cuda/render_cuda.h), itself when
-  // alone; empty for CPU plans. A group runs as one function, so memory is planned as if it were
-  // one kernel.
-  std::vector<int> group_start;
-  std::vector<int> last_use;        // per slot: last kernel reading or writing it
-  std::vector<int> producer;        // per slot: kernel writing it (-1 for externals)
-  std::vector<int64_t> offset;      // per slot: arena offset of an intermediate, -1 otherwise
-  memory::MemoryPlan memory;
-  // Per kernel: arena ranges whose buffers die there (poisoned under KILN_DEBUG_MEMORY).
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> dies_after;
-  int64_t output_bytes = 0;
-  // Parameter updates whose result may overwrite the old value's buffer: {output slot, external
-  // slot}. Legal for the plan's structure; run_plan also checks nobody else can see the old value.
-  std::vector<std::pair<int, int>> updates;
-  std::shared_ptr<memory::PlanLayout> info = std::make_shared<memory::PlanLayout>();
-};
-
-// Whether kernel `k` may write its output over input buffer `b`: an elementwise kernel that
-// reads that buffer only at the element it writes (so each element is read before it is written).
-bool reads_only_in_place(const Kernel& k, int b) {
-  if (k.kind != KernelKind::Elementwise) return false;
-  std::string store = k.ctx.render(k.store_index);
-  for (const Expr& e : k.exprs) {
-    if (e.buffer != b) continue;
-    if (e.kind != Expr::Kind::Load || k.ctx.render(e.index) != store) return false;
-  }
-  return true;
-}
-
-// Whether kernel k runs as a phase of a row group of two or more kernels.
-bool in_row_group(const Plan& plan, size_t k) {
-  if (plan.group_start.empty()) return false;
-  return plan.group_start[k] != static_cast<int>(k) ||
-         (k + 1 < plan.group_start.size() && plan.group_start[k + 1] == static_cast<int>(k));
-}
-
-// Every buffer a row group touches lives until the group's last kernel: its phases interleave
-// row by row, so nothing read or written by one phase may be handed to another inside it.
-void extend_lifetimes_over_groups(Plan& plan) {
-  const Schedule& s = plan.schedule;
-  for (size_t k = 0; k < s.kernels.size(); ++k) {
-    if (!in_row_group(plan, k)) continue;
-    size_t end = k;
-    while (end + 1 < s.kernels.size() && plan.group_start[end + 1] == plan.group_start[k]) ++end;
-    for (const KernelBuffer& b : s.kernels[k].buffers)
-      plan.last_use[b.slot] = std::max(plan.last_use[b.slot], static_cast<int>(end));
-  }
-}
-
-// Intermediates get offsets in one arena; outputs and externals live in their own storage.
-void plan_buffers(Plan& plan) {
-  const Schedule& s = plan.schedule;
-  auto bytes_of = [&](int slot) { return s.slots[slot].numel * static_cast<int64_t>(dtype_size(s.slots[slot].dtype)); };
-  auto intermediate = [&](int slot) { return s.slots[slot].external < 0 && !s.slots[slot].keep; };
-  std::vector<memory::BufferRequest> requests;
-  std::vector<int> request_of(s.slots.size(), -1), slot_of_request;
-  for (size_t k = 0; k < s.kernels.size(); ++k) {
-    const Kernel& kernel = s.kernels[k];
-    int out = kernel.buffers[0].slot;
-    if (!intermediate(out)) {
-      plan.output_bytes += bytes_of(out);
-      continue;
-    }
-    const bool grouped = in_row_group(plan, k);
-    memory::BufferRequest r{bytes_of(out), grouped ? plan.group_start[k] : static_cast<int>(k), plan.last_use[out], -1};
-    for (size_t b = 1; b < kernel.buffers.size() && !grouped; ++b) {
-      int in = kernel.buffers[b].slot;
-      if (intermediate(in) && plan.last_use[in] == static_cast<int>(k) && bytes_of(in) == bytes_of(out) &&
-          request_of[in] >= 0 && reads_only_in_place(kernel, static_cast<int>(b))) {
-        r.in_place_of = request_of[in];
-        break;
-      }
-    }
-    request_of[out] = static_cast<int>(requests.size());
-    slot_of_request.push_back(out);
-    requests.push_back(r);
-  }
-  plan.memory = memory::plan_memory(requests);
-  for (const Kernel& k : s.kernels) plan.info->kernels.push_back(k.summary);
-  for (size_t i = 0; i < requests.size(); ++i)
-    plan.info->buffers.push_back({plan.memory.offsets[i], requests[i].bytes, requests[i].first, requests[i].last,
-                                 requests[i].in_place_of, s.kernels[requests[i].first].summary});
-  plan.info->arena_bytes = plan.memory.arena_bytes;
-  plan.info->lower_bound = plan.memory.lower_bound;
-  plan.offset.assign(s.slots.size(), -1);
-  plan.dies_after.assign(s.kernels.size(), {});
-  std::vector<bool> handed_on(requests.size(), false);
-  for (const auto& r : requests)
-    if (r.in_place_of >= 0 && plan.memory.offsets[&r - requests.data()] == plan.memory.offsets[r.in_place_of])
-      handed_on[r.in_place_of] = true;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    plan.offset[slot_of_request[i]] = plan.memory.offsets[i];
-    if (!handed_on[i]) plan.dies_after[requests[i].last].push_back({plan.memory.offsets[i], requests[i].bytes});
-  }
-}
-
 std::mutex g_mutex;
 // Never destroyed: a CUDA plan's kernels must not be unloaded after the CUDA runtime shut down.
 std::unordered_map<std::string, std::unique_ptr<Plan>>& g_plans = *new std::unordered_map<std::string, std::unique_ptr<Plan>>;
-
-// Kernels that check their input (an index out of range) and may end a run with an error.
-bool can_fail(const Kernel& k) {
-  if (k.kind == KernelKind::Scatter) return true;
-  for (const Expr& e : k.exprs)
-    if (e.kind == Expr::Kind::GatherLoad) return true;
-  return false;
-}
-
-// An update `p.assign(f(p, ...))` can write straight into p's buffer when its kernel reads p only
-// at the element it writes, no later kernel reads p, and no later kernel can fail (a failed run
-// must leave every tensor as it was).
-void find_in_place_updates(Plan& plan, const PendingGraph& graph) {
-  const Schedule& s = plan.schedule;
-  std::vector<int> output_index(graph.nodes.size(), -1);
-  for (size_t i = 0; i < graph.outputs.size(); ++i) output_index[graph.outputs[i]] = static_cast<int>(i);
-  std::vector<int> external_slot(graph.externals.size(), -1);
-  for (size_t i = 0; i < s.slots.size(); ++i)
-    if (s.slots[i].external >= 0) external_slot[s.slots[i].external] = static_cast<int>(i);
-  const int last_fallible = plan.fallible.empty() ? -1 : plan.fallible.back();
-  for (size_t k = 0; k < s.kernels.size(); ++k) {
-    const Kernel& kernel = s.kernels[k];
-    int out = kernel.buffers[0].slot;
-    if (s.slots[out].node < 0 || !s.slots[out].output || kernel.kind != KernelKind::Elementwise) continue;
-    if (in_row_group(plan, k)) continue;  // other rows' phases may still read the old value
-    int oi = output_index[s.slots[out].node];
-    if (oi < 0 || graph.replaced_external[oi] < 0) continue;
-    int ext = external_slot[graph.replaced_external[oi]];
-    if (ext < 0 || s.slots[ext].dtype != s.slots[out].dtype || s.slots[ext].numel != s.slots[out].numel) continue;
-    if (plan.last_use[ext] > static_cast<int>(k) || last_fallible > static_cast<int>(k)) continue;
-    bool reads_ok = true;
-    for (size_t b = 1; b < kernel.buffers.size(); ++b)
-      if (kernel.buffers[b].slot == ext) reads_ok = reads_only_in_place(kernel, static_cast<int>(b));
-    if (reads_ok) plan.updates.push_back({out, ext});
-  }
-}
 
 // Nodes of this graph that keep their inputs after the run: lazy views a user holds, and results
 // autograd may still go through. Usually none; computed once per run.
@@ -221,54 +77,6 @@ bool old_value_unobserved(const PendingGraph& graph, int e, const std::vector<si
   return true;
 }
 
-std::unique_ptr<Plan> build_plan(const PendingGraph& graph, Device device) {
-  auto plan = std::make_unique<Plan>();
-  plan->device = device;
-  plan->schedule = schedule(graph);
-  const Schedule& s = plan->schedule;
-  plan->last_use.assign(s.slots.size(), -1);
-  plan->producer.assign(s.slots.size(), -1);
-  int jit_kernels = 0;
-  for (size_t k = 0; k < s.kernels.size(); ++k) {
-    for (const KernelBuffer& b : s.kernels[k].buffers) plan->last_use[b.slot] = static_cast<int>(k);
-    plan->producer[s.kernels[k].buffers[0].slot] = static_cast<int>(k);
-    jit_kernels += !is_library(s.kernels[k].kind);
-    plan->error_pair.push_back(can_fail(s.kernels[k]) ? static_cast<int>(plan->fallible.size()) : 0);
-    if (can_fail(s.kernels[k])) plan->fallible.push_back(static_cast<int>(k));
-  }
-  if (device.is_cuda()) {
-    plan->group_start = cuda_row_groups(s.kernels);
-    extend_lifetimes_over_groups(*plan);
-  }
-  plan_buffers(*plan);
-  find_in_place_updates(*plan, graph);
-  plan->info->output_bytes = plan->output_bytes;
-  memory::note_plan(plan->info);
-  plan->fns.assign(s.kernels.size(), nullptr);
-  if (jit_kernels > 0 && device.is_cuda()) {
-    plan->cuda = std::make_unique<CudaKernels>(s.kernels, device.index, plan->group_start);
-  } else if (jit_kernels > 0) {
-    plan->module = compile_cached(render_cpp(s.kernels), jit_kernels);
-    for (size_t k = 0; k < s.kernels.size(); ++k)
-      if (!is_library(s.kernels[k].kind))
-        plan->fns[k] = reinterpret_cast<KernelFn>(plan->module->symbol(s.kernels[k].name));
-  }
-  stats().plans_built++;
-  return plan;
-}
-
-// The arena a graph's plan needs: scheduled and planned, not compiled (the budget pass weighs
-// several rewrites of one graph).
-int64_t planned_arena(const PendingGraph& graph) {
-  Plan plan;
-  plan.schedule = schedule(graph);
-  plan.last_use.assign(plan.schedule.slots.size(), -1);
-  for (size_t k = 0; k < plan.schedule.kernels.size(); ++k)
-    for (const KernelBuffer& b : plan.schedule.kernels[k].buffers) plan.last_use[b.slot] = static_cast<int>(k);
-  plan_buffers(plan);
-  return plan.memory.arena_bytes;
-}
-
 // The budget pass's choices by graph key and budget: positions of the nodes to recompute.
 std::unordered_map<std::string, std::vector<int>> g_recompute_choices;
 
@@ -299,72 +107,10 @@ void fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& graph)
   graph = collect_pending(targets);
 }
 
-// Library kernels: oneDNN on the CPU (and for the CUDA emulator, whose memory is the host's),
-// cuBLASLt and cuDNN on a GPU.
-void run_matmul(const Kernel& k, void* const* ptrs, Device device) {
-  const MatmulCall& mm = k.matmul;
-  DType t = k.buffers[0].dtype;
-  size_t es = dtype_size(t);
-  const char* a = static_cast<const char*>(ptrs[k.buffers[mm.a_buffer].slot]) + mm.a_offset * es;
-  const char* b = static_cast<const char*>(ptrs[k.buffers[mm.b_buffer].slot]) + mm.b_offset * es;
-  if (cuda::is_gpu(device))
-    cuda_library::matmul(device.index, t, a, mm.a_strides, b, mm.b_strides, ptrs[k.buffers[0].slot], mm.batch, mm.M,
-                         mm.K, mm.N);
-  else
-    onednn::matmul(t, a, mm.a_strides, b, mm.b_strides, ptrs[k.buffers[0].slot], mm.batch, mm.M, mm.K, mm.N);
-}
-
-void run_conv(const Kernel& k, void* const* ptrs, Device device) {
-  const ConvCall& c = k.conv;
-  const void* a = ptrs[k.buffers[c.a_buffer].slot];
-  const void* b = ptrs[k.buffers[c.b_buffer].slot];
-  if (cuda::is_gpu(device))
-    cuda_library::conv2d(device.index, c.pass, k.buffers[0].dtype, c.geometry, a, b, ptrs[k.buffers[0].slot]);
-  else
-    onednn::conv2d(c.pass, k.buffers[0].dtype, c.geometry, a, b, ptrs[k.buffers[0].slot]);
-}
-
-// A CUDA plan's bound values in device memory: scalars (sc), Rand seeds and offsets (isc), and an
-// index-error pair (value, flag) per kernel that can fail, zeroed, copied in one transfer; after
-// them the kernels' scratch buffer (not copied).
-struct DeviceScalars {
-  std::shared_ptr<Storage> storage;
-  const double* sc = nullptr;
-  const int64_t* isc = nullptr;
-  int64_t* err = nullptr;  // pair i belongs to plan.fallible[i]
-  void* scratch = nullptr;
-};
-
-DeviceScalars upload_scalars(const Plan& plan, const std::vector<double>& scalars, const std::vector<int64_t>& ints) {
-  static_assert(sizeof(double) == sizeof(int64_t));
-  std::vector<int64_t> host(scalars.size() + ints.size() + 2 * std::max<size_t>(plan.fallible.size(), 1), 0);
-  std::memcpy(host.data(), scalars.data(), scalars.size() * sizeof(double));
-  std::memcpy(host.data() + scalars.size(), ints.data(), ints.size() * sizeof(int64_t));
-  DeviceScalars d;
-  const size_t bytes = (host.size() * sizeof(int64_t) + 15) / 16 * 16;  // scratch holds 16-byte values at most
-  const auto scratch = static_cast<size_t>(plan.cuda ? plan.cuda->scratch_bytes() : 0);
-  d.storage = memory::allocate_storage(bytes + scratch, plan.device);
-  cuda::copy_to_device(plan.device.index, d.storage->data, host.data(), host.size() * sizeof(int64_t));
-  auto* base = static_cast<int64_t*>(d.storage->data);
-  d.sc = reinterpret_cast<const double*>(base);
-  d.isc = base + scalars.size();
-  d.err = base + scalars.size() + ints.size();
-  if (scratch > 0) d.scratch = static_cast<char*>(d.storage->data) + bytes;
-  return d;
-}
-
-// After the last kernel that can fail: one wait for the device, then the first error reported.
-void check_device_errors(const Plan& plan, const DeviceScalars& d) {
-  std::vector<int64_t> err(2 * plan.fallible.size());
-  cuda::copy_to_host(plan.device.index, err.data(), d.err, err.size() * sizeof(int64_t));
-  for (size_t i = 0; i < plan.fallible.size(); ++i)
-    KILN_CHECK(err[2 * i + 1] == 0, "gather/scatter_add",
-               "index {} is out of range in kernel `{}`; indices must lie in [0, size) of the indexed dimension",
-               err[2 * i], plan.schedule.kernels[static_cast<size_t>(plan.fallible[i])].summary);
-}
-
 void run_plan(const Plan& plan, const PendingGraph& graph) {
-  const Schedule& s = plan.schedule;
+  const Program& s = plan.program;
+  const Backend& backend = *plan.backend;
+  const Device device = plan.device;
   std::vector<std::shared_ptr<Storage>> storage(s.slots.size());
   std::vector<void*> ptrs(s.slots.size(), nullptr);
   for (size_t i = 0; i < s.slots.size(); ++i)
@@ -383,7 +129,6 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
   int_scalars.push_back(0);
   if (flags().num_threads > 0) omp_set_num_threads(flags().num_threads);
   // One arena holds every intermediate; the pool hands the same memory back run after run.
-  const Device device = plan.device;
   std::shared_ptr<Storage> arena;
   if (plan.memory.arena_bytes > 0) {
     arena = memory::allocate_storage(static_cast<size_t>(plan.memory.arena_bytes), device);
@@ -406,52 +151,26 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
                                           device);
     ptrs[i] = storage[i]->data;
   }
-  DeviceScalars on_device;
-  std::vector<void*> values, args;
-  if (device.is_cuda()) on_device = upload_scalars(plan, scalars, int_scalars);
+  std::unique_ptr<KernelRun> run = plan.kernels ? plan.kernels->start(scalars, int_scalars) : nullptr;
 
   for (size_t k = 0; k < s.kernels.size(); ++k) {
     const Kernel& kernel = s.kernels[k];
     auto start = std::chrono::steady_clock::now();
-    int64_t error[2] = {0, 0};
-    if (kernel.kind == KernelKind::Matmul) {
-      run_matmul(kernel, ptrs.data(), device);
-    } else if (kernel.kind == KernelKind::Conv) {
-      run_conv(kernel, ptrs.data(), device);
-    } else if (device.is_cuda()) {
-      // cudaLaunchKernel takes a pointer to each argument: the buffers, then sc, isc, err,
-      // scratch. A later phase of a row group launches nothing: its group's function ran it.
-      values.clear();
-      for (int slot : plan.cuda->parameter_slots(k)) values.push_back(ptrs[slot]);
-      int64_t* err = on_device.err + 2 * plan.error_pair[k];
-      values.insert(values.end(),
-                    {const_cast<double*>(on_device.sc), const_cast<int64_t*>(on_device.isc), err, on_device.scratch});
-      args.clear();
-      for (void*& v : values) args.push_back(&v);
-      plan.cuda->launch(k, args.data());
-    } else {
-      plan.fns[k](ptrs.data(), scalars.data(), int_scalars.data(), error);
-    }
+    if (is_library(kernel.kind)) backend.run_library(kernel, ptrs.data(), device);
+    else run->launch(k, ptrs.data());
     stats().kernels_run++;
-    if (device.is_cuda() && !plan.fallible.empty() && static_cast<int>(k) == plan.fallible.back())
-      check_device_errors(plan, on_device);
+    if (static_cast<int>(k) == plan.last_fallible) run->check_errors();
     if (flags().log >= 2 || memory::tracing()) {
-      if (device.is_cuda()) cuda::synchronize(device.index);  // the kernel's time, not its launch's
+      backend.synchronize(device);  // the kernel's time, not its launch's
       double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
       if (flags().log >= 2) fmt::print(stderr, "[kiln]   {:<10} {:>9.1f} us  {}\n", kernel.name, us, kernel.summary);
       if (memory::tracing())
         memory::record_kernel({kernel.summary, memory::trace_clock_us() - us, us, memory::allocated_bytes(),
                                memory::pool_stats().reserved.current});
     }
-    KILN_CHECK(error[1] == 0, "gather/scatter_add",
-               "index {} is out of range in kernel `{}`; indices must lie in [0, size) of the indexed dimension",
-               error[0], kernel.summary);
     if (poison)  // dead buffers read as NaN: a use after free shows up in the results
-      for (auto [offset, bytes] : plan.dies_after[k]) {
-        char* p = static_cast<char*>(arena->data) + offset;
-        if (device.is_cuda()) cuda::fill_bytes(device.index, p, 0xff, static_cast<size_t>(bytes));
-        else std::memset(p, 0xff, static_cast<size_t>(bytes));
-      }
+      for (auto [offset, bytes] : plan.dies_after[k])
+        backend.fill(device, static_cast<char*>(arena->data) + offset, 0xff, static_cast<size_t>(bytes));
   }
   // Commit only after every kernel succeeded: a failed run leaves all tensors as they were.
   for (size_t i = 0; i < s.slots.size(); ++i) {
@@ -489,13 +208,12 @@ void realize(const std::vector<NodePtr>& targets) {
     KILN_CHECK(n->device == device, op_name(n->op), "{} on {} depends on pending work on {}; move tensors with .to() "
                "before combining them", shape_str(n->shape), n->device.str(), device.str());
   if (!flags().memory_budget.empty()) fit_memory_budget(targets, graph);
-  // The same graph on another device is another plan.
-  const std::string key = device.is_cpu() ? graph.key : device.str() + '\n' + graph.key;
+  // The key encodes every node's device: the same graph on another device is another plan.
   Plan* plan = nullptr;
   std::unique_ptr<Plan> uncached;
   bool hit = false;
   if (flags().plan_cache) {
-    auto it = g_plans.find(key);
+    auto it = g_plans.find(graph.key);
     if (it != g_plans.end()) {
       plan = it->second.get();
       hit = true;
@@ -503,22 +221,26 @@ void realize(const std::vector<NodePtr>& targets) {
     }
   }
   if (!plan) {
-    uncached = build_plan(graph, device);
+    uncached = make_plan(graph, lower(graph, schedule(graph)), device);
+    memory::note_plan(uncached->info);
+    uncached->kernels = uncached->backend->compile(uncached->program.kernels, device, uncached->group_start);
+    stats().plans_built++;
     plan = uncached.get();
   }
   if (flags().log >= 1)
     fmt::print(stderr, "[kiln] realize: {} nodes, {} inputs -> {} kernels (plan cache {})\n", graph.nodes.size(),
-               graph.externals.size(), plan->schedule.kernels.size(), hit ? "hit" : "miss");
+               graph.externals.size(), plan->program.kernels.size(), hit ? "hit" : "miss");
   if (flags().log >= 1 && !hit)
-    for (const Kernel& k : plan->schedule.kernels) fmt::print(stderr, "[kiln]   {:<10} {}\n", k.name, k.summary);
+    for (const Kernel& k : plan->program.kernels) fmt::print(stderr, "[kiln]   {:<10} {}\n", k.name, k.summary);
   memory::note_plan_run(plan->info);
   run_plan(*plan, graph);
-  if (uncached && flags().plan_cache) g_plans.emplace(key, std::move(uncached));
+  if (uncached && flags().plan_cache) g_plans.emplace(graph.key, std::move(uncached));
 }
 
-Schedule schedule_for(const std::vector<NodePtr>& targets) {
+Program lower_for(const std::vector<NodePtr>& targets) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  return schedule(collect_pending(targets));
+  PendingGraph graph = collect_pending(targets);
+  return lower(graph, schedule(graph));
 }
 
 memory::PlanLayout last_plan_memory() {

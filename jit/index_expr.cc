@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "core/error.h"
+
 namespace kiln::jit {
 
 namespace {
@@ -241,6 +243,53 @@ std::string IndexContext::render(const IndexExpr& a) const {
   if (a.constant > 0) s += fmt::format(" + {}", a.constant);
   if (a.constant < 0) s += fmt::format(" - {}", -a.constant);
   return s;
+}
+
+IndexExpr linear_index(IndexContext& ctx, const std::vector<IndexExpr>& idx, const Shape& shape) {
+  IndexExpr r = ctx.constant(0);
+  auto strides = contiguous_strides(shape);
+  for (size_t d = 0; d < idx.size(); ++d) r = ctx.add(r, ctx.scale(idx[d], strides[d]));
+  return r;
+}
+
+std::vector<IndexExpr> unflatten(IndexContext& ctx, const IndexExpr& flat, const Shape& shape) {
+  std::vector<IndexExpr> idx(shape.size());
+  auto strides = contiguous_strides(shape);
+  for (size_t d = 0; d < shape.size(); ++d)
+    idx[d] = d == 0 ? ctx.div(flat, strides[0]) : ctx.mod(ctx.div(flat, strides[d]), shape[d]);
+  return idx;
+}
+
+std::vector<IndexExpr> view_source_index(IndexContext& ctx, const Node& view, const std::vector<IndexExpr>& idx,
+                                         std::vector<Guard>* guards) {
+  const Shape& src = view.inputs[0]->shape;
+  const size_t r = src.size();
+  std::vector<IndexExpr> in(r, ctx.constant(0));
+  switch (view.op) {
+    case Op::Reshape:
+      in = unflatten(ctx, linear_index(ctx, idx, view.shape), src);
+      // Under a pad, idx may range past the shape; keep the outermost index inside the input.
+      if (r > 0 && ctx.max(in[0]) >= src[0]) in[0] = ctx.mod(in[0], src[0]);
+      break;
+    case Op::Permute:
+      for (size_t d = 0; d < idx.size(); ++d) in[view.ints[d]] = idx[d];
+      break;
+    case Op::Expand:
+      for (size_t d = 0; d < idx.size(); ++d) in[d] = src[d] == 1 ? ctx.constant(0) : idx[d];
+      break;
+    case Op::Slice:
+      for (size_t d = 0; d < r; ++d) in[d] = ctx.add(ctx.scale(idx[d], view.ints[r + d]), ctx.constant(view.ints[d]));
+      break;
+    case Op::Pad:
+      KILN_CHECK(guards != nullptr, "jit", "a pad cannot be read as a strided view");
+      for (size_t d = 0; d < r; ++d) {
+        in[d] = ctx.add(idx[d], ctx.constant(-view.ints[d]));
+        if (view.ints[d] != 0 || view.ints[r + d] != 0) guards->push_back({in[d], 0, src[d]});
+      }
+      break;
+    default: KILN_FAIL("jit", "{} is not a view", op_name(view.op));
+  }
+  return in;
 }
 
 }  // namespace kiln::jit

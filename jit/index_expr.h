@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "core/node.h"
+
 namespace kiln::jit {
 
 struct IndexExpr;
@@ -54,5 +56,23 @@ class IndexContext {
   std::vector<IndexAtom> atoms_;
   std::vector<IndexExpr> inners_;
 };
+
+// lo <= expr < hi: whether a padded view reads real data at this index.
+struct Guard {
+  IndexExpr expr;
+  int64_t lo = 0, hi = 0;
+};
+
+// The row-major linear index of multi-index `idx` into `shape`, and its inverse: the multi-index
+// of linear index `flat` (div/mod atoms, which reshapes of contiguous data fold back).
+IndexExpr linear_index(IndexContext& ctx, const std::vector<IndexExpr>& idx, const Shape& shape);
+std::vector<IndexExpr> unflatten(IndexContext& ctx, const IndexExpr& flat, const Shape& shape);
+
+// The element of a movement op's input (reshape, permute, expand, slice, pad) that its output
+// element `idx` reads: the one place views become index arithmetic, for fused kernels and
+// library operands alike. For a pad, the guards under which the read is real data (elsewhere the
+// pad yields zero) are appended to `guards`; a pad without a `guards` vector is an error.
+std::vector<IndexExpr> view_source_index(IndexContext& ctx, const Node& view, const std::vector<IndexExpr>& idx,
+                                         std::vector<Guard>* guards = nullptr);
 
 }  // namespace kiln::jit

@@ -1,5 +1,6 @@
 // The backend-neutral description of one kernel: a loop nest over an output, SSA values of one
-// element, and where the result goes. Renderers (C++ now, CUDA later) turn it into source text.
+// element, and where the result goes. Each backend's renderer (C++ on the host, CUDA) turns it
+// into source text.
 #pragma once
 #include <string>
 #include <vector>
@@ -20,12 +21,6 @@ enum class KernelKind : uint8_t {
 };
 
 constexpr bool is_library(KernelKind k) { return k == KernelKind::Matmul || k == KernelKind::Conv; }
-
-// lo <= expr < hi: whether a padded view reads real data at this index.
-struct Guard {
-  IndexExpr expr;
-  int64_t lo = 0, hi = 0;
-};
 
 // One SSA value of the per-element computation.
 struct Expr {
@@ -96,5 +91,14 @@ struct Kernel {
   ConvCall conv;
   std::string summary;                // one line for KILN_LOG, e.g. "Exp Mul Add [1024, 1024]"
 };
+
+// Whether the kernel checks an index it reads (gather) or writes (scatter) and may end a run with
+// an error.
+inline bool may_fail(const Kernel& k) {
+  if (k.kind == KernelKind::Scatter) return true;
+  for (const Expr& e : k.exprs)
+    if (e.kind == Expr::Kind::GatherLoad) return true;
+  return false;
+}
 
 }  // namespace kiln::jit

@@ -23,7 +23,8 @@ MemoryPlan plan_memory(const std::vector<BufferRequest>& requests) {
   MemoryPlan plan;
   plan.offsets.assign(n, 0);
   std::vector<int> group_of(n, -1);
-  std::vector<bool> handed_on(n, false);
+  std::vector<bool>& handed_on = plan.handed_on;
+  handed_on.assign(n, false);
   std::vector<Group> groups;
   for (size_t i = 0; i < n; ++i) {
     const BufferRequest& r = requests[i];

@@ -25,6 +25,9 @@ struct MemoryPlan {
   // The largest total of bytes live during any one kernel: no arena can be smaller.
   int64_t lower_bound = 0;
   int in_place = 0;              // requests that share their input's memory
+  // Per request: a later request took its memory over in place, so it does not die at its last
+  // use (its bytes live on in the taker).
+  std::vector<bool> handed_on;
 };
 
 // Greedy by size (Pisarchyk & Lee 2020): the largest buffers are placed first, each at the

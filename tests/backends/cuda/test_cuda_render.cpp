@@ -52,7 +52,7 @@ class CudaCompileCheck {
   void add(const std::string& graph, const std::vector<Tensor>& outputs) {
     std::vector<NodePtr> targets;
     for (const Tensor& t : outputs) targets.push_back(t.node());
-    jit::Schedule schedule = jit::schedule_for(targets);
+    jit::Program schedule = jit::lower_for(targets);
     graphs_++;
     // Row groups as a CUDA plan forms them (never across a library kernel or another graph).
     const std::vector<int> groups = jit::cuda_row_groups(schedule.kernels);
@@ -421,7 +421,7 @@ TEST_CASE("NVRTC cubins are cached by source and architecture", "[cuda][jit]") {
   }
   Tensor a = input({10, 20}, DType::Float32);
   std::vector<NodePtr> targets = {(exp(a) + 1.0).node()};
-  jit::CudaSource cuda = jit::render_cuda(jit::schedule_for(targets).kernels);
+  jit::CudaSource cuda = jit::render_cuda(jit::lower_for(targets).kernels);
   auto sm80 = jit::compile_cuda_cached(cuda.source, "sm_80", cuda.function_count);
   auto sm90 = jit::compile_cuda_cached(cuda.source, "sm_90", cuda.function_count);
   CHECK(sm80->key != sm90->key);
@@ -441,7 +441,7 @@ namespace {
 std::string cuda_function_of(const std::function<Tensor()>& make) {
   Tensor out = make();
   std::vector<NodePtr> targets = {out.node()};
-  jit::Schedule schedule = jit::schedule_for(targets);
+  jit::Program schedule = jit::lower_for(targets);
   std::string kernels;
   for (const jit::Kernel& k : schedule.kernels) kernels += k.summary + "; ";
   INFO(kernels);
@@ -505,7 +505,7 @@ TEST_CASE("reductions of long rows into few outputs render as parts and a fold o
     INFO(name);
     Tensor out = make();
     std::vector<NodePtr> targets = {out.node()};
-    jit::Schedule schedule = jit::schedule_for(targets);
+    jit::Program schedule = jit::lower_for(targets);
     REQUIRE(schedule.kernels.size() == 1);
     jit::CudaSource cuda = jit::render_cuda(schedule.kernels);
     REQUIRE(cuda.launches[0].size() == 2);
@@ -517,7 +517,7 @@ TEST_CASE("reductions of long rows into few outputs render as parts and a fold o
   Tensor many = input({512, 2048}, DType::Float32);
   Tensor out = sum(many, {1});
   std::vector<NodePtr> targets = {out.node()};
-  jit::CudaSource cuda = jit::render_cuda(jit::schedule_for(targets).kernels);
+  jit::CudaSource cuda = jit::render_cuda(jit::lower_for(targets).kernels);
   CHECK(cuda.launches[0].size() == 1);
   CHECK(cuda.scratch_bytes == 0);
 }
@@ -550,14 +550,14 @@ TEST_CASE("the PTX of vector and row-group kernels has 128-bit and unrolled load
     INFO(name);
     Tensor out = make();
     std::vector<NodePtr> targets = {out.node()};
-    jit::CudaSource cuda = jit::render_cuda(jit::schedule_for(targets).kernels);
+    jit::CudaSource cuda = jit::render_cuda(jit::lower_for(targets).kernels);
     const std::string ptx = jit::cuda_ptx(cuda.source, "compute_90");
     CHECK(count_in_entry(ptx, cuda.launches[0][0].function, width) >= 2);
     CHECK(count_in_entry(ptx, cuda.launches[0][0].function, "st.global.v4") >= 1);
   }
   Tensor out = softmax(x, 1);
   std::vector<NodePtr> targets = {out.node()};
-  jit::Schedule schedule = jit::schedule_for(targets);
+  jit::Program schedule = jit::lower_for(targets);
   jit::CudaSource cuda = jit::render_cuda(schedule.kernels, jit::cuda_row_groups(schedule.kernels));
   REQUIRE(cuda.launches[0].size() == 1);
   const std::string ptx = jit::cuda_ptx(cuda.source, "compute_90");

@@ -1,0 +1,83 @@
+#include "backends/cpu/cpu_backend.h"
+
+#include <cstring>
+
+#include "backends/cpu/compiler.h"
+#include "backends/cpu/conv_onednn.h"
+#include "backends/cpu/matmul_onednn.h"
+#include "backends/cpu/render_cpp.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+// Kernels run on the calling thread's OpenMP team; the bound scalars are read from host memory.
+class HostRun final : public jit::KernelRun {
+ public:
+  HostRun(const std::vector<jit::KernelFn>& fns, const std::vector<jit::Kernel>& kernels,
+          const std::vector<double>& scalars, const std::vector<int64_t>& ints)
+      : fns_(fns), kernels_(kernels), scalars_(scalars), ints_(ints) {}
+  void launch(size_t k, void* const* ptrs) override {
+    int64_t error[2] = {0, 0};
+    fns_[k](ptrs, scalars_.data(), ints_.data(), error);
+    if (error[1] != 0) jit::throw_index_error(error[0], kernels_[k]);
+  }
+  void check_errors() override {}  // launch has thrown already
+
+ private:
+  const std::vector<jit::KernelFn>& fns_;
+  const std::vector<jit::Kernel>& kernels_;
+  std::vector<double> scalars_;
+  std::vector<int64_t> ints_;
+};
+
+class HostKernels final : public jit::CompiledKernels {
+ public:
+  explicit HostKernels(const std::vector<jit::Kernel>& kernels, int jit_kernels) : kernels_(kernels) {
+    module_ = jit::compile_cached(jit::render_cpp(kernels), jit_kernels);
+    fns_.assign(kernels.size(), nullptr);
+    for (size_t k = 0; k < kernels.size(); ++k)
+      if (!jit::is_library(kernels[k].kind))
+        fns_[k] = reinterpret_cast<jit::KernelFn>(module_->symbol(kernels[k].name));
+  }
+  std::unique_ptr<jit::KernelRun> start(const std::vector<double>& scalars,
+                                        const std::vector<int64_t>& ints) const override {
+    return std::make_unique<HostRun>(fns_, kernels_, scalars, ints);
+  }
+
+ private:
+  std::vector<jit::Kernel> kernels_;  // a copy: error messages name them after the plan is gone
+  std::shared_ptr<jit::CompiledModule> module_;
+  std::vector<jit::KernelFn> fns_;  // per kernel; null for library calls
+};
+
+}  // namespace
+
+std::unique_ptr<jit::CompiledKernels> CpuBackend::compile(const std::vector<jit::Kernel>& kernels, Device,
+                                                          const std::vector<int>&) const {
+  int jit_kernels = 0;
+  for (const jit::Kernel& k : kernels) jit_kernels += !jit::is_library(k.kind);
+  if (jit_kernels == 0) return nullptr;
+  return std::make_unique<HostKernels>(kernels, jit_kernels);
+}
+
+void run_onednn(const jit::Kernel& k, void* const* ptrs) {
+  void* out = ptrs[k.buffers[0].slot];
+  const DType t = k.buffers[0].dtype;
+  if (k.kind == jit::KernelKind::Matmul) {
+    const jit::MatmulCall& mm = k.matmul;
+    const size_t es = dtype_size(t);
+    const char* a = static_cast<const char*>(ptrs[k.buffers[mm.a_buffer].slot]) + mm.a_offset * es;
+    const char* b = static_cast<const char*>(ptrs[k.buffers[mm.b_buffer].slot]) + mm.b_offset * es;
+    onednn::matmul(t, a, mm.a_strides, b, mm.b_strides, out, mm.batch, mm.M, mm.K, mm.N);
+  } else {
+    const jit::ConvCall& c = k.conv;
+    onednn::conv2d(c.pass, t, c.geometry, ptrs[k.buffers[c.a_buffer].slot], ptrs[k.buffers[c.b_buffer].slot], out);
+  }
+}
+
+void CpuBackend::run_library(const jit::Kernel& kernel, void* const* ptrs, Device) const { run_onednn(kernel, ptrs); }
+
+void CpuBackend::fill(Device, void* p, int value, size_t bytes) const { std::memset(p, value, bytes); }
+
+}  // namespace kiln::cpu

@@ -1,0 +1,135 @@
+#include "backends/cuda/cuda_backend.h"
+
+#include <cstring>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_library.h"
+#include "backends/cuda/cuda_runtime.h"
+#include "backends/cuda/render_cuda.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "memory/allocator.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+// A run's bound values in device memory, copied in one transfer: scalars (sc), Rand seeds and
+// offsets (isc), and an index-error pair (value, flag) per kernel that can fail, zeroed; after
+// them the kernels' scratch buffer (not copied).
+class DeviceRun final : public jit::KernelRun {
+ public:
+  DeviceRun(const jit::CudaKernels& kernels, const std::vector<jit::Kernel>& plan_kernels,
+            const std::vector<int>& fallible, const std::vector<int>& error_pair, Device device,
+            const std::vector<double>& scalars, const std::vector<int64_t>& ints)
+      : kernels_(kernels), plan_kernels_(plan_kernels), fallible_(fallible), error_pair_(error_pair), device_(device) {
+    static_assert(sizeof(double) == sizeof(int64_t));
+    std::vector<int64_t> host(scalars.size() + ints.size() + 2 * std::max<size_t>(fallible.size(), 1), 0);
+    std::memcpy(host.data(), scalars.data(), scalars.size() * sizeof(double));
+    std::memcpy(host.data() + scalars.size(), ints.data(), ints.size() * sizeof(int64_t));
+    const size_t bytes = (host.size() * sizeof(int64_t) + 15) / 16 * 16;  // scratch holds 16-byte values at most
+    const auto scratch = static_cast<size_t>(kernels.scratch_bytes());
+    storage_ = memory::allocate_storage(bytes + scratch, device);
+    copy_to_device(device.index, storage_->data, host.data(), host.size() * sizeof(int64_t));
+    auto* base = static_cast<int64_t*>(storage_->data);
+    sc_ = reinterpret_cast<double*>(base);
+    isc_ = base + scalars.size();
+    err_ = base + scalars.size() + ints.size();
+    if (scratch > 0) scratch_ = static_cast<char*>(storage_->data) + bytes;
+  }
+
+  // cudaLaunchKernel takes a pointer to each argument: the buffers, then sc, isc, err, scratch.
+  // A later phase of a row group launches nothing: its group's function ran it.
+  void launch(size_t k, void* const* ptrs) override {
+    values_.clear();
+    for (int slot : kernels_.parameter_slots(k)) values_.push_back(ptrs[slot]);
+    values_.insert(values_.end(), {sc_, isc_, err_ + 2 * error_pair_[k], scratch_});
+    args_.clear();
+    for (void*& v : values_) args_.push_back(&v);
+    kernels_.launch(k, args_.data());
+  }
+
+  void check_errors() override {
+    std::vector<int64_t> err(2 * fallible_.size());
+    copy_to_host(device_.index, err.data(), err_, err.size() * sizeof(int64_t));
+    for (size_t i = 0; i < fallible_.size(); ++i)
+      if (err[2 * i + 1] != 0) jit::throw_index_error(err[2 * i], plan_kernels_[static_cast<size_t>(fallible_[i])]);
+  }
+
+ private:
+  const jit::CudaKernels& kernels_;
+  const std::vector<jit::Kernel>& plan_kernels_;
+  const std::vector<int>& fallible_;
+  const std::vector<int>& error_pair_;
+  Device device_;
+  std::shared_ptr<Storage> storage_;
+  void *sc_ = nullptr, *isc_ = nullptr, *scratch_ = nullptr;
+  int64_t* err_ = nullptr;
+  std::vector<void*> values_, args_;
+};
+
+class DeviceKernels final : public jit::CompiledKernels {
+ public:
+  DeviceKernels(const std::vector<jit::Kernel>& kernels, Device device, const std::vector<int>& groups)
+      : kernels_(kernels), device_(device), compiled_(kernels, device.index, groups) {
+    for (size_t k = 0; k < kernels.size(); ++k) {
+      const bool fails = jit::may_fail(kernels[k]);
+      error_pair_.push_back(fails ? static_cast<int>(fallible_.size()) : 0);
+      if (fails) fallible_.push_back(static_cast<int>(k));
+    }
+  }
+  std::unique_ptr<jit::KernelRun> start(const std::vector<double>& scalars,
+                                        const std::vector<int64_t>& ints) const override {
+    return std::make_unique<DeviceRun>(compiled_, kernels_, fallible_, error_pair_, device_, scalars, ints);
+  }
+
+ private:
+  std::vector<jit::Kernel> kernels_;
+  Device device_;
+  jit::CudaKernels compiled_;
+  std::vector<int> fallible_;    // kernels that may report an index out of range, in order
+  std::vector<int> error_pair_;  // per kernel: its index-error pair (0 if it cannot fail)
+};
+
+}  // namespace
+
+std::vector<int> CudaBackend::row_groups(const std::vector<jit::Kernel>& kernels) const {
+  return jit::cuda_row_groups(kernels);
+}
+
+std::unique_ptr<jit::CompiledKernels> CudaBackend::compile(const std::vector<jit::Kernel>& kernels, Device device,
+                                                           const std::vector<int>& groups) const {
+  bool any = false;
+  for (const jit::Kernel& k : kernels) any |= !jit::is_library(k.kind);
+  if (!any) return nullptr;
+  return std::make_unique<DeviceKernels>(kernels, device, groups);
+}
+
+void CudaBackend::run_library(const jit::Kernel& k, void* const* ptrs, Device device) const {
+  void* out = ptrs[k.buffers[0].slot];
+  const DType t = k.buffers[0].dtype;
+  if (k.kind == jit::KernelKind::Matmul) {
+    const jit::MatmulCall& mm = k.matmul;
+    const size_t es = dtype_size(t);
+    const char* a = static_cast<const char*>(ptrs[k.buffers[mm.a_buffer].slot]) + mm.a_offset * es;
+    const char* b = static_cast<const char*>(ptrs[k.buffers[mm.b_buffer].slot]) + mm.b_offset * es;
+    cuda_library::matmul(device.index, t, a, mm.a_strides, b, mm.b_strides, out, mm.batch, mm.M, mm.K, mm.N);
+  } else {
+    const jit::ConvCall& c = k.conv;
+    cuda_library::conv2d(device.index, c.pass, t, c.geometry, ptrs[k.buffers[c.a_buffer].slot],
+                         ptrs[k.buffers[c.b_buffer].slot], out);
+  }
+}
+
+void CudaBackend::fill(Device device, void* p, int value, size_t bytes) const {
+  fill_bytes(device.index, p, value, bytes);
+}
+
+void CudaBackend::synchronize(Device device) const { cuda::synchronize(device.index); }
+
+void CudaEmulatorBackend::run_library(const jit::Kernel& kernel, void* const* ptrs, Device) const {
+  cpu::run_onednn(kernel, ptrs);
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,28 @@
+#include "jit/backend.h"
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_runtime.h"
+#include "core/error.h"
+
+namespace kiln::jit {
+
+std::vector<int> Backend::row_groups(const std::vector<Kernel>&) const { return {}; }
+
+void throw_index_error(int64_t index, const Kernel& kernel) {
+  KILN_FAIL("gather/scatter_add",
+            "index {} is out of range in kernel `{}`; indices must lie in [0, size) of the indexed dimension", index,
+            kernel.summary);
+}
+
+const Backend& backend_for(Device device) {
+  // Never destroyed: cached plans may still hold kernels when static destructors run.
+  static const auto* cpu = new cpu::CpuBackend;
+  static const auto* gpu = new cuda::CudaBackend;
+  static const auto* emulator = new cuda::CudaEmulatorBackend;
+  if (device.is_cpu()) return *cpu;
+  cuda::check_device(device, "run");
+  return cuda::emulated() ? static_cast<const Backend&>(*emulator) : *gpu;
+}
+
+}  // namespace kiln::jit

@@ -1,0 +1,68 @@
+// The seam between the executor and a device: what running a plan needs from the CPU, a GPU or
+// the CUDA emulator. The executor (jit/executor.cc) is written once against it; each backend in
+// backends/ implements it (backends/cpu/cpu_backend.h, backends/cuda/cuda_backend.h).
+//
+//   const Backend& b = backend_for(plan.device);
+//   auto kernels = b.compile(plan.program, plan.group_start);   // once per plan
+//   auto run = kernels->start(scalars, int_scalars);           // once per run
+//   run->launch(k, ptrs);                                      // JIT kernel k
+//   b.run_library(kernel, ptrs, device);                       // matmul, convolutions
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/device.h"
+#include "jit/kernel_ir.h"
+
+namespace kiln::jit {
+
+// One run of a plan's compiled kernels: the run's bound values live as long as it does.
+class KernelRun {
+ public:
+  virtual ~KernelRun() = default;
+  // Runs (host) or queues (device) JIT kernel `k` of the plan on the buffers `ptrs` (indexed by
+  // plan slot). A backend that learns of a bad index at once throws it here.
+  virtual void launch(size_t k, void* const* ptrs) = 0;
+  // Throws kiln::Error for the first bad index reported by the kernels launched so far (on a
+  // device: one wait for it). Called once, after the plan's last kernel that can fail.
+  virtual void check_errors() = 0;
+};
+
+// The JIT kernels of one plan compiled for one device.
+class CompiledKernels {
+ public:
+  virtual ~CompiledKernels() = default;
+  // Binds one run's float scalars and Rand seed/offset pairs (copied to the device if needed).
+  virtual std::unique_ptr<KernelRun> start(const std::vector<double>& scalars,
+                                           const std::vector<int64_t>& int_scalars) const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  // Consecutive kernels the backend runs as one function (a CUDA row group): per kernel, the
+  // first kernel of its group, itself when alone. Empty when the backend has none.
+  virtual std::vector<int> row_groups(const std::vector<Kernel>& kernels) const;
+  // Renders, compiles (or finds in the caches) and loads the JIT kernels among `kernels` for
+  // `device`; null when every kernel is a library call. `groups` as row_groups returned.
+  virtual std::unique_ptr<CompiledKernels> compile(const std::vector<Kernel>& kernels, Device device,
+                                                   const std::vector<int>& groups) const = 0;
+  // A library kernel (Matmul, Conv) on the buffers `ptrs`, indexed by plan slot.
+  virtual void run_library(const Kernel& kernel, void* const* ptrs, Device device) const = 0;
+  // Every byte of [p, p + bytes) set to `value`, ordered after the work queued before it.
+  virtual void fill(Device device, void* p, int value, size_t bytes) const = 0;
+  // Waits until the work queued on `device` has finished (a kernel's time, not its launch's).
+  virtual void synchronize(Device device) const = 0;
+};
+
+// The error a kernel reports for an index out of range (gather, scatter_add): names the kernel.
+[[noreturn]] void throw_index_error(int64_t index, const Kernel& kernel);
+
+// The backend running plans on `device`: the CPU's, a GPU's, or the CUDA emulator's when cuda:0
+// is emulated. Throws kiln::Error for a device this build or process cannot use.
+const Backend& backend_for(Device device);
+
+}  // namespace kiln::jit

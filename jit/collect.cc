@@ -1,0 +1,159 @@
+#include "jit/collect.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "memory/recompute_order.h"
+
+namespace kiln::jit {
+
+namespace {
+
+// Held nodes that are not worth keeping: recomputing them later is free. (A held reshape is
+// kept: it usually shares the buffer under it, and dropping it would keep its whole history.)
+bool is_cheap_view(Op op) {
+  OpKind k = op_kind(op);
+  return (k == OpKind::Movement && op != Op::Reshape) || op == Op::Full || op == Op::Iota;
+}
+
+// Moves each parameter update (a node that replaces a realized value) to just after the last
+// other kernel reading the old value, so the executor can write the update in place, while its
+// gradient still dies early. Positions in `nodes` (visit_index) are renumbered.
+void defer_updates(std::vector<NodePtr>& nodes) {
+  const int n = static_cast<int>(nodes.size());
+  std::vector<int> updates;
+  for (int i = 0; i < n; ++i) {
+    NodePtr old = nodes[i]->replaces.lock();
+    if (old && old->realized()) updates.push_back(i);
+  }
+  if (updates.empty()) return;
+  // The last compute node reading each realized value, and each node's first consumer.
+  std::unordered_map<const Node*, int> last_reader;
+  memory::for_each_realized_read(nodes, [&](int i, const Node* value) { last_reader[value] = i; });
+  std::vector<int> first_consumer(n, n);
+  for (int i = 0; i < n; ++i)
+    for (const NodePtr& in : nodes[i]->inputs)
+      if (!in->realized()) first_consumer[in->visit_index] = std::min(first_consumer[in->visit_index], i);
+  std::vector<std::vector<int>> after(n);  // updates to emit right after node i
+  std::vector<char> moved(n, 0);
+  for (int u : updates) {
+    const Node* old = nodes[u]->replaces.lock().get();
+    auto it = last_reader.find(old);
+    int target = it == last_reader.end() ? u : it->second;
+    if (target <= u || target >= first_consumer[u]) continue;  // already late enough, or needed earlier
+    after[target].push_back(u);
+    moved[u] = 1;
+  }
+  std::vector<NodePtr> order;
+  order.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    if (!moved[i]) order.push_back(nodes[i]);
+    for (int u : after[i]) order.push_back(nodes[u]);
+  }
+  nodes = std::move(order);
+  for (int i = 0; i < n; ++i) nodes[i]->visit_index = i;
+}
+
+// The plan cache's key: everything that changes the generated code (ops, dtypes, shapes,
+// devices, attributes, wiring, which outputs replace which inputs), nothing that is data. Raw
+// bytes, not text: this runs on every realize and must cost microseconds. Also fills
+// g.replaced_external, which the key records.
+std::string structural_key(PendingGraph& g, uint64_t walk) {
+  std::string key;
+  key.reserve(64 * (g.nodes.size() + g.externals.size()));
+  auto put = [&key](int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  auto put_list = [&](const std::vector<int64_t>& values) {
+    put(static_cast<int64_t>(values.size()));
+    for (int64_t v : values) put(v);
+  };
+  for (const NodePtr& e : g.externals) {
+    put(static_cast<int64_t>(e->dtype) | static_cast<int64_t>(e->device.kind) << 8 | int64_t{e->device.index} << 16);
+    put_list(e->shape);
+  }
+  for (const NodePtr& n : g.nodes) {
+    put(static_cast<int64_t>(n->op) | static_cast<int64_t>(n->dtype) << 8 | static_cast<int64_t>(n->device.kind) << 16 |
+        int64_t{n->device.index} << 24);
+    put_list(n->shape);
+    put_list(n->ints);
+    put(static_cast<int64_t>(n->inputs.size()));
+    for (const NodePtr& in : n->inputs)
+      put(in->realized() ? -1 - in->visit_index : in->visit_index);
+  }
+  put(-1);
+  for (int o : g.outputs) put(o);
+  // Which external an output replaces (a parameter update): its buffer may be reused in place.
+  put(-2);
+  g.replaced_external.assign(g.outputs.size(), -1);
+  for (size_t i = 0; i < g.outputs.size(); ++i) {
+    NodePtr previous = g.nodes[g.outputs[i]]->replaces.lock();
+    if (previous && previous->visit == walk && previous->realized())
+      g.replaced_external[i] = static_cast<int>(previous->visit_index);
+    put(g.replaced_external[i]);
+  }
+  return key;
+}
+
+}  // namespace
+
+PendingGraph collect_pending(const std::vector<NodePtr>& targets) {
+  // Callers serialize walks (the executor's lock), so one epoch counter suffices.
+  static uint64_t epoch = 0;
+  const uint64_t walk = ++epoch;
+  constexpr int64_t kOnStack = -1;
+  auto seen = [walk](const Node* n) { return n->visit == walk; };
+  PendingGraph g;
+  std::vector<std::pair<Node*, size_t>> stack;
+  // Parameter updates last: everything else (the loss, checks that may fail) runs before any
+  // parameter is overwritten in place. And updates in reverse: parameters come in layer order,
+  // so the last layer's update goes first and each layer's weight gradient is computed right
+  // after the backward reaches it, instead of every layer's delta waiting for the first layer.
+  std::vector<NodePtr> ordered = targets;
+  auto updates = std::stable_partition(ordered.begin(), ordered.end(), [](const NodePtr& t) { return t->replaces.expired(); });
+  std::reverse(updates, ordered.end());
+  for (const NodePtr& t : ordered) {
+    if (t->realized() || seen(t.get())) continue;
+    t->visit = walk;
+    t->visit_index = kOnStack;
+    stack.push_back({t.get(), 0});
+    while (!stack.empty()) {
+      auto& [node, next] = stack.back();
+      if (next < node->inputs.size()) {
+        Node* in = node->inputs[next++].get();
+        if (seen(in)) {
+          if (in->realized()) g.external_edges[in->visit_index]++;
+          continue;
+        }
+        in->visit = walk;
+        if (in->realized()) {
+          in->visit_index = static_cast<int64_t>(g.externals.size());
+          g.externals.push_back(in->shared_from_this());
+          g.external_edges.push_back(1);
+        } else {
+          in->visit_index = kOnStack;
+          stack.push_back({in, 0});
+        }
+        continue;
+      }
+      node->visit_index = static_cast<int64_t>(g.nodes.size());
+      g.nodes.push_back(node->shared_from_this());
+      stack.pop_back();
+    }
+  }
+  if (std::any_of(g.nodes.begin(), g.nodes.end(), [](const NodePtr& n) { return n->recompute; }))
+    memory::order_for_recompute(g.nodes);
+  else
+    defer_updates(g.nodes);
+  std::vector<bool> is_output(g.nodes.size(), false);
+  for (const NodePtr& t : targets)
+    if (!t->realized()) is_output[t->visit_index] = true;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (g.nodes[i]->held > 0 && !is_cheap_view(g.nodes[i]->op) && op_kind(g.nodes[i]->op) != OpKind::Leaf)
+      is_output[i] = true;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (is_output[i]) g.outputs.push_back(static_cast<int>(i));
+
+  g.key = structural_key(g, walk);
+  return g;
+}
+
+}  // namespace kiln::jit

@@ -1,0 +1,446 @@
+#include "jit/lower.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "ops/primitive.h"
+
+namespace kiln::jit {
+
+namespace {
+
+struct Lowerer {
+  const PendingGraph& graph;
+  Schedule& schedule;
+  Program out;
+  std::unordered_map<const Node*, int> position;  // pending node -> index
+  std::unordered_map<const Node*, int> slot_of;   // materialized or external node -> plan slot
+  std::unordered_map<const Node*, int> scalar_slot, rand_slot;
+  int needs_buffer = -1;  // a node found to need a buffer of its own: lowering starts over
+
+  Lowerer(const PendingGraph& g, Schedule& s) : graph(g), schedule(s) {
+    for (size_t i = 0; i < g.nodes.size(); ++i) position[g.nodes[i].get()] = static_cast<int>(i);
+  }
+
+  bool has_slot(const Node* n) const { return slot_of.count(n) > 0; }
+
+  void assign_slots();
+  bool build_kernels();
+};
+
+void Lowerer::assign_slots() {
+  for (size_t e = 0; e < graph.externals.size(); ++e) {
+    const Node* node = graph.externals[e].get();
+    slot_of[node] = static_cast<int>(out.slots.size());
+    out.slots.push_back({static_cast<int>(e), -1, node->dtype, node->numel(), false});
+  }
+  std::vector<bool> is_output(graph.nodes.size(), false);
+  for (int o : graph.outputs) is_output[o] = true;
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    const Node* node = graph.nodes[i].get();
+    if (node->op == Op::Full) {
+      scalar_slot[node] = static_cast<int>(out.scalar_nodes.size());
+      out.scalar_nodes.push_back(static_cast<int>(i));
+    }
+    if (node->op == Op::RandUniform || node->op == Op::RandNormal) {
+      rand_slot[node] = static_cast<int>(out.rand_nodes.size()) * 2;
+      out.rand_nodes.push_back(static_cast<int>(i));
+    }
+    if (!schedule.materialized[i]) continue;
+    slot_of[node] = static_cast<int>(out.slots.size());
+    out.slots.push_back({-1, static_cast<int>(i), node->dtype, node->numel(), is_output[i], is_output[i]});
+  }
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    if (schedule.alias_base[i] < 0) continue;
+    int slot = slot_of.at(graph.nodes[schedule.alias_base[i]].get());
+    out.slots[slot].keep = true;
+    out.aliases.push_back({static_cast<int>(i), slot});
+  }
+}
+
+// ---- building one kernel's IR ----
+
+class KernelBuilder {
+ public:
+  KernelBuilder(const Lowerer& s, Kernel& k) : s_(s), k_(k) {}
+
+  // Index of `node`'s value at multi-index `idx`, fused down to buffers, constants and generators.
+  int value(const Node* node, const std::vector<IndexExpr>& idx, bool is_root = false);
+  int buffer(int slot, DType dtype, bool written = false);
+  IndexExpr linear(const std::vector<IndexExpr>& idx, const Shape& shape) { return linear_index(k_.ctx, idx, shape); }
+  void note(Op op) {
+    if (ops_seen_ < 6) k_.summary += fmt::format("{} ", op_name(op));
+    ops_seen_++;
+  }
+
+ private:
+  std::vector<Guard> pad_guards_;  // of the pads enclosing the value being built
+
+  int push(Expr e) {
+    std::string key = fmt::format("{}:{}:{}:{}:{}:{}:{}:{}", static_cast<int>(e.kind), static_cast<int>(e.op),
+                                  static_cast<int>(e.dtype), fmt::join(e.args, ","), e.buffer, e.slot,
+                                  k_.ctx.render(e.index), e.stride);
+    for (const Guard& g : e.guards) key += fmt::format("|{}:{}:{}", k_.ctx.render(g.expr), g.lo, g.hi);
+    auto it = memo_.find(key);
+    if (it != memo_.end()) return it->second;
+    k_.exprs.push_back(std::move(e));
+    int id = static_cast<int>(k_.exprs.size() - 1);
+    memo_[key] = id;
+    return id;
+  }
+
+  const Lowerer& s_;
+  Kernel& k_;
+  std::map<std::string, int> memo_;
+  int ops_seen_ = 0;
+};
+
+int KernelBuilder::buffer(int slot, DType dtype, bool written) {
+  for (size_t i = 0; i < k_.buffers.size(); ++i)
+    if (k_.buffers[i].slot == slot) return static_cast<int>(i);
+  k_.buffers.push_back({slot, dtype, written});
+  return static_cast<int>(k_.buffers.size() - 1);
+}
+
+int KernelBuilder::value(const Node* node, const std::vector<IndexExpr>& idx, bool is_root) {
+  IndexContext& ctx = k_.ctx;
+  if (!is_root) {
+    // Reshapes of a buffer keep its linear index: load there directly rather than through the
+    // div/mod decomposition, which the simplifier cannot always fold back.
+    const Node* base = node;
+    while (!s_.slot_of.count(base) && base->op == Op::Reshape && !base->realized()) base = base->inputs[0].get();
+    auto slot = s_.slot_of.find(base);
+    if (slot != s_.slot_of.end()) {
+      Expr e{Expr::Kind::Load};
+      e.dtype = base->dtype;
+      e.buffer = buffer(slot->second, base->dtype);
+      e.index = linear(idx, node->shape);
+      // Under a pad the index may point outside the buffer where the pad's guard fails (the
+      // value is then discarded); such a load must not touch memory at that index.
+      if (ctx.min(e.index) < 0 || ctx.max(e.index) >= base->numel()) e.guards = pad_guards_;
+      return push(std::move(e));
+    }
+  }
+  switch (op_kind(node->op)) {
+    case OpKind::Leaf: {
+      Expr e{Expr::Kind::Scalar};
+      e.dtype = node->dtype;
+      if (node->op == Op::Full) {
+        e.slot = s_.scalar_slot.at(node);
+      } else if (node->op == Op::Iota) {
+        e.kind = Expr::Kind::Iota;
+        e.index = idx[node->ints[0]];
+      } else if (node->op == Op::RandUniform || node->op == Op::RandNormal) {
+        e.kind = Expr::Kind::Rand;
+        e.op = node->op;
+        e.slot = s_.rand_slot.at(node);
+        e.index = linear(idx, node->shape);
+      } else {
+        KILN_FAIL("jit", "input node without data in the pending graph");
+      }
+      return push(std::move(e));
+    }
+    case OpKind::Unary:
+    case OpKind::Binary:
+    case OpKind::Ternary: {
+      note(node->op);
+      Expr e{Expr::Kind::Compute};
+      e.op = node->op;
+      e.dtype = node->dtype;
+      for (const NodePtr& in : node->inputs) e.args.push_back(value(in.get(), idx));
+      return push(std::move(e));
+    }
+    case OpKind::Movement: {
+      if (node->op != Op::Pad) return value(node->inputs[0].get(), view_source_index(ctx, *node, idx));
+      std::vector<Guard> guards;
+      std::vector<IndexExpr> in_idx = view_source_index(ctx, *node, idx, &guards);
+      pad_guards_.insert(pad_guards_.end(), guards.begin(), guards.end());
+      int inner = value(node->inputs[0].get(), in_idx);
+      pad_guards_.resize(pad_guards_.size() - guards.size());
+      if (guards.empty()) return inner;
+      Expr e{Expr::Kind::Select};
+      e.dtype = node->dtype;
+      e.args = {inner};
+      e.guards = std::move(guards);
+      return push(std::move(e));
+    }
+    case OpKind::Index: {
+      // Gather: the source is a buffer; the index is fused.
+      note(node->op);
+      const Node* src = node->inputs[0].get();
+      int axis = static_cast<int>(node->ints[0]);
+      auto strides = contiguous_strides(src->shape);
+      Expr e{Expr::Kind::GatherLoad};
+      e.dtype = node->dtype;
+      e.buffer = buffer(s_.slot_of.at(src), src->dtype);
+      e.args = {value(node->inputs[1].get(), idx)};
+      IndexExpr offset = ctx.constant(0);
+      for (size_t d = 0; d < idx.size(); ++d)
+        if (static_cast<int>(d) != axis) offset = ctx.add(offset, ctx.scale(idx[d], strides[d]));
+      e.index = offset;
+      e.stride = strides[axis];
+      e.extent = src->shape[axis];
+      return push(std::move(e));
+    }
+    default: KILN_FAIL("jit", "op {} cannot be fused", op_name(node->op));
+  }
+}
+
+// Whether every address the kernel computes is affine in its loop variables (so a flat loop
+// over all elements vectorizes).
+bool all_affine(const Kernel& k) {
+  for (const Expr& e : k.exprs) {
+    if (!k.ctx.is_affine(e.index)) return false;
+    for (const Guard& g : e.guards)
+      if (!k.ctx.is_affine(g.expr)) return false;
+  }
+  return k.ctx.is_affine(k.store_index);
+}
+
+Kernel build_elementwise(const Lowerer& s, const Node* node, int slot, bool flat) {
+  Kernel k;
+  k.kind = KernelKind::Elementwise;
+  KernelBuilder b(s, k);
+  b.buffer(slot, node->dtype, true);
+  const Shape& shape = node->shape;
+  int64_t n = node->numel();
+  k.out_numel = n;
+  std::vector<IndexExpr> idx;
+  if (flat || shape.size() <= 1) {
+    IndexExpr i = k.ctx.var("i", n);
+    k.loops = {{"i", n, Loop::Role::Parallel}};
+    idx = unflatten(k.ctx, i, shape);
+    k.store_index = i;
+  } else {
+    int64_t inner = shape.back(), outer = n / std::max<int64_t>(inner, 1);
+    IndexExpr o = k.ctx.var("o", outer), i = k.ctx.var("i", inner);
+    k.loops = {{"o", outer, Loop::Role::Parallel}, {"i", inner, Loop::Role::Inner}};
+    Shape outer_shape(shape.begin(), shape.end() - 1);
+    idx = unflatten(k.ctx, o, outer_shape);
+    idx.push_back(i);
+    k.store_index = k.ctx.add(k.ctx.scale(o, inner), i);
+  }
+  k.value = b.value(node, idx, true);
+  k.summary += shape_str(shape);
+  return k;
+}
+
+Kernel build_reduce(const Lowerer& s, const Node* node, int slot, bool flat) {
+  Kernel k;
+  k.kind = KernelKind::Reduce;
+  k.reduce_op = node->op;
+  KernelBuilder b(s, k);
+  b.buffer(slot, node->dtype, true);
+  const Node* in = node->inputs[0].get();
+  const Shape& in_shape = in->shape;
+  k.out_numel = node->numel();
+  std::vector<IndexExpr> idx;
+  auto reduced = [&](int64_t ax) { return std::find(node->ints.begin(), node->ints.end(), ax) != node->ints.end(); };
+  // The inner output axis: the last kept one, behind which only a few reduced elements may
+  // follow (a pooling window's columns), so that consecutive outputs read nearby inputs.
+  int64_t inner_axis = static_cast<int64_t>(in_shape.size()) - 1, trailing = 1;
+  while (inner_axis >= 0 && reduced(inner_axis)) trailing *= in_shape[inner_axis--];
+  const int64_t last = inner_axis >= 0 ? in_shape[inner_axis] : 1;
+  if (k.out_numel > 1 && inner_axis >= 0 && last > 1 && trailing <= 16) {
+    // Reducing over outer axes of rows (e.g. a bias gradient [B, N] -> [1, N]) or over small
+    // windows: the inner output axis becomes the vectorized inner loop, with one accumulator per
+    // element of it.
+    k.column = true;
+    int64_t outer = k.out_numel / last;
+    IndexExpr o = k.ctx.var("o", outer), i = k.ctx.var("i", last);
+    k.loops.push_back({"o", outer, Loop::Role::Parallel});
+    Shape outer_shape(node->shape.begin(), node->shape.begin() + inner_axis);
+    idx = unflatten(k.ctx, o, outer_shape);
+    idx.push_back(i);
+    idx.resize(in_shape.size(), k.ctx.constant(0));  // the trailing reduced axes, set below
+    for (int64_t ax : node->ints) {
+      std::string name = fmt::format("r{}", ax);
+      idx[ax] = k.ctx.var(name, in_shape[ax]);
+      k.loops.push_back({name, in_shape[ax], Loop::Role::Reduce});
+    }
+    k.loops.push_back({"i", last, Loop::Role::Inner});
+    k.store_index = k.ctx.add(k.ctx.scale(o, last), i);
+  } else if (k.out_numel == 1 && flat) {
+    IndexExpr r = k.ctx.var("r", in->numel());
+    k.loops = {{"r", in->numel(), Loop::Role::Reduce}};
+    idx = unflatten(k.ctx, r, in_shape);
+    k.store_index = k.ctx.constant(0);
+  } else {
+    IndexExpr o = k.ctx.var("o", k.out_numel);
+    if (k.out_numel > 1) k.loops.push_back({"o", k.out_numel, Loop::Role::Parallel});
+    idx = unflatten(k.ctx, o, node->shape);
+    for (int64_t ax : node->ints) {
+      std::string name = fmt::format("r{}", ax);
+      idx[ax] = k.ctx.var(name, in_shape[ax]);
+      k.loops.push_back({name, in_shape[ax], Loop::Role::Reduce});
+    }
+    k.store_index = o;
+  }
+  k.value = b.value(in, idx);
+  b.note(node->op);
+  k.summary += shape_str(in_shape) + "->" + shape_str(node->shape);
+  return k;
+}
+
+Kernel build_scatter(const Lowerer& s, const Node* node, int slot) {
+  Kernel k;
+  k.kind = KernelKind::Scatter;
+  KernelBuilder b(s, k);
+  b.buffer(slot, node->dtype, true);
+  const Node* index = node->inputs[0].get();
+  const Node* src = node->inputs[1].get();
+  int axis = static_cast<int>(node->ints[0]);
+  const Shape& ishape = index->shape;
+  Shape outer_shape;
+  for (size_t d = 0; d < ishape.size(); ++d)
+    if (static_cast<int>(d) != axis) outer_shape.push_back(ishape[d]);
+  int64_t outer = numel(outer_shape);
+  IndexExpr o = k.ctx.var("o", outer), a = k.ctx.var("a", ishape[axis]);
+  k.loops = {{"o", outer, Loop::Role::Parallel}, {"a", ishape[axis], Loop::Role::Inner}};
+  std::vector<IndexExpr> outer_idx = unflatten(k.ctx, o, outer_shape), idx;
+  auto out_strides = contiguous_strides(node->shape);
+  k.store_index = k.ctx.constant(0);
+  for (size_t d = 0, j = 0; d < ishape.size(); ++d) {
+    if (static_cast<int>(d) == axis) {
+      idx.push_back(a);
+    } else {
+      idx.push_back(outer_idx[j++]);
+      k.store_index = k.ctx.add(k.store_index, k.ctx.scale(idx.back(), out_strides[d]));
+    }
+  }
+  k.scatter_stride = out_strides[axis];
+  k.scatter_extent = node->shape[axis];
+  k.out_numel = node->numel();
+  k.scatter_index = b.value(index, idx);
+  k.value = b.value(src, idx);
+  b.note(node->op);
+  k.summary += shape_str(ishape) + "->" + shape_str(node->shape);
+  return k;
+}
+
+// The buffer and strides a matmul operand reads: a chain of views over a buffer. False when the
+// views are not strided (a reshape that mixes dimensions): the operand then needs a buffer of its
+// own, noted in s.needs_buffer.
+bool matmul_operand(Lowerer& s, Kernel& k, const Node* in, int& buffer_out, int64_t strides[3], int64_t& offset) {
+  IndexContext ctx;  // its own variables: the operands have different extents
+  std::vector<IndexExpr> idx = {ctx.var("b", in->shape[0]), ctx.var("m", in->shape[1]), ctx.var("n", in->shape[2])};
+  const Node* node = in;
+  std::optional<IndexExpr> reshaped;  // set when reshapes lead straight to the buffer
+  while (!s.has_slot(node)) {
+    if (node->op == Op::Reshape) {
+      const Node* base = node;
+      while (!s.has_slot(base) && base->op == Op::Reshape) base = base->inputs[0].get();
+      if (s.has_slot(base)) {  // the buffer's own linear index: no div/mod to fold back
+        reshaped = linear_index(ctx, idx, node->shape);
+        node = base;
+        break;
+      }
+    }
+    KILN_CHECK(op_kind(node->op) == OpKind::Movement && node->op != Op::Pad, "jit",
+               "matmul operand through {} is not a view", op_name(node->op));
+    idx = view_source_index(ctx, *node, idx);
+    node = node->inputs[0].get();
+  }
+  IndexExpr lin = reshaped ? *reshaped : linear_index(ctx, idx, node->shape);
+  if (!ctx.is_affine(lin)) {
+    s.needs_buffer = s.position.at(in);
+    return false;
+  }
+  const char* names[3] = {"b", "m", "n"};
+  for (int d = 0; d < 3; ++d) strides[d] = ctx.coefficient(lin, names[d]);
+  offset = lin.constant;
+  buffer_out = KernelBuilder(s, k).buffer(s.slot_of.at(node), node->dtype);
+  return true;
+}
+
+// The buffer under a convolution operand: decide_materialization gave it one, maybe under reshapes.
+int contiguous_operand(Lowerer& s, Kernel& k, const Node* in) {
+  const Node* node = in;
+  while (!s.has_slot(node)) {
+    KILN_CHECK(node->op == Op::Reshape, "jit", "convolution operand {} has no buffer", op_name(node->op));
+    node = node->inputs[0].get();
+  }
+  return KernelBuilder(s, k).buffer(s.slot_of.at(node), node->dtype);
+}
+
+Kernel build_conv(Lowerer& s, const Node* node, int slot) {
+  Kernel k;
+  k.kind = KernelKind::Conv;
+  KernelBuilder(s, k).buffer(slot, node->dtype, true);
+  ConvCall& c = k.conv;
+  c.pass = node->op == Op::Conv2d               ? onednn::ConvPass::Forward
+           : node->op == Op::Conv2dBackwardData ? onednn::ConvPass::BackwardData
+                                                : onednn::ConvPass::BackwardWeight;
+  c.a_buffer = contiguous_operand(s, k, node->inputs[0].get());
+  c.b_buffer = contiguous_operand(s, k, node->inputs[1].get());
+  c.geometry = prim::conv_geometry(*node);
+  k.out_numel = node->numel();
+  k.summary = fmt::format("{} {} * {} -> {}", op_name(node->op), shape_str(node->inputs[0]->shape),
+                          shape_str(node->inputs[1]->shape), shape_str(node->shape));
+  return k;
+}
+
+
+bool Lowerer::build_kernels() {
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    if (!schedule.materialized[i]) continue;
+    const Node* node = graph.nodes[i].get();
+    int slot = slot_of.at(node);
+    Kernel k;
+    switch (op_kind(node->op)) {
+      case OpKind::Reduce:
+        k = build_reduce(*this, node, slot, true);
+        if (k.out_numel == 1 && !all_affine(k)) k = build_reduce(*this, node, slot, false);
+        break;
+      case OpKind::Library: {
+        if (node->op != Op::Matmul) {
+          k = build_conv(*this, node, slot);
+          break;
+        }
+        k.kind = KernelKind::Matmul;
+        KernelBuilder(*this, k).buffer(slot, node->dtype, true);
+        MatmulCall& mm = k.matmul;
+        if (!matmul_operand(*this, k, node->inputs[0].get(), mm.a_buffer, mm.a_strides, mm.a_offset) ||
+            !matmul_operand(*this, k, node->inputs[1].get(), mm.b_buffer, mm.b_strides, mm.b_offset))
+          return false;
+        mm.batch = node->shape[0];
+        mm.M = node->shape[1];
+        mm.K = node->inputs[0]->shape[2];
+        mm.N = node->shape[2];
+        k.out_numel = node->numel();
+        k.summary = fmt::format("Matmul [{}, {}, {}, {}]", mm.batch, mm.M, mm.K, mm.N);
+        break;
+      }
+      default:
+        if (node->op == Op::ScatterAdd) {
+          k = build_scatter(*this, node, slot);
+        } else {
+          k = build_elementwise(*this, node, slot, true);
+          if (!all_affine(k)) k = build_elementwise(*this, node, slot, false);
+        }
+    }
+    k.name = fmt::format("kiln_k{}", out.kernels.size());
+    out.kernels.push_back(std::move(k));
+  }
+  return true;
+}
+
+}  // namespace
+
+Program lower(const PendingGraph& graph, Schedule schedule) {
+  for (size_t attempt = 0;; ++attempt) {
+    Lowerer l(graph, schedule);
+    l.assign_slots();
+    if (l.build_kernels()) return std::move(l.out);
+    KILN_CHECK(attempt < graph.nodes.size() && !schedule.materialized[l.needs_buffer], "jit",
+               "internal: lowering did not converge");
+    schedule.materialized[l.needs_buffer] = true;
+  }
+}
+
+}  // namespace kiln::jit

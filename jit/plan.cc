@@ -1,0 +1,146 @@
+#include "jit/plan.h"
+
+#include <algorithm>
+#include <string>
+
+namespace kiln::jit {
+
+namespace {
+
+// Whether kernel `k` may write its output over input buffer `b`: an elementwise kernel that
+// reads that buffer only at the element it writes (so each element is read before it is written).
+bool reads_only_in_place(const Kernel& k, int b) {
+  if (k.kind != KernelKind::Elementwise) return false;
+  std::string store = k.ctx.render(k.store_index);
+  for (const Expr& e : k.exprs) {
+    if (e.buffer != b) continue;
+    if (e.kind != Expr::Kind::Load || k.ctx.render(e.index) != store) return false;
+  }
+  return true;
+}
+
+// Whether kernel k runs as a phase of a row group of two or more kernels.
+bool in_row_group(const Plan& plan, size_t k) {
+  if (plan.group_start.empty()) return false;
+  return plan.group_start[k] != static_cast<int>(k) ||
+         (k + 1 < plan.group_start.size() && plan.group_start[k + 1] == static_cast<int>(k));
+}
+
+// Every buffer a row group touches lives until the group's last kernel: its phases interleave
+// row by row, so nothing read or written by one phase may be handed to another inside it.
+void extend_lifetimes_over_groups(Plan& plan) {
+  const Program& s = plan.program;
+  for (size_t k = 0; k < s.kernels.size(); ++k) {
+    if (!in_row_group(plan, k)) continue;
+    size_t end = k;
+    while (end + 1 < s.kernels.size() && plan.group_start[end + 1] == plan.group_start[k]) ++end;
+    for (const KernelBuffer& b : s.kernels[k].buffers)
+      plan.last_use[b.slot] = std::max(plan.last_use[b.slot], static_cast<int>(end));
+  }
+}
+
+// Intermediates get offsets in one arena; outputs and externals live in their own storage.
+void plan_buffers(Plan& plan) {
+  const Program& s = plan.program;
+  auto bytes_of = [&](int slot) { return s.slots[slot].numel * static_cast<int64_t>(dtype_size(s.slots[slot].dtype)); };
+  auto intermediate = [&](int slot) { return s.slots[slot].external < 0 && !s.slots[slot].keep; };
+  std::vector<memory::BufferRequest> requests;
+  std::vector<int> request_of(s.slots.size(), -1), slot_of_request;
+  for (size_t k = 0; k < s.kernels.size(); ++k) {
+    const Kernel& kernel = s.kernels[k];
+    int out = kernel.buffers[0].slot;
+    if (!intermediate(out)) {
+      plan.output_bytes += bytes_of(out);
+      continue;
+    }
+    const bool grouped = in_row_group(plan, k);
+    memory::BufferRequest r{bytes_of(out), grouped ? plan.group_start[k] : static_cast<int>(k), plan.last_use[out], -1};
+    for (size_t b = 1; b < kernel.buffers.size() && !grouped; ++b) {
+      int in = kernel.buffers[b].slot;
+      if (intermediate(in) && plan.last_use[in] == static_cast<int>(k) && bytes_of(in) == bytes_of(out) &&
+          request_of[in] >= 0 && reads_only_in_place(kernel, static_cast<int>(b))) {
+        r.in_place_of = request_of[in];
+        break;
+      }
+    }
+    request_of[out] = static_cast<int>(requests.size());
+    slot_of_request.push_back(out);
+    requests.push_back(r);
+  }
+  plan.memory = memory::plan_memory(requests);
+  for (const Kernel& k : s.kernels) plan.info->kernels.push_back(k.summary);
+  for (size_t i = 0; i < requests.size(); ++i)
+    plan.info->buffers.push_back({plan.memory.offsets[i], requests[i].bytes, requests[i].first, requests[i].last,
+                                 requests[i].in_place_of, s.kernels[requests[i].first].summary});
+  plan.info->arena_bytes = plan.memory.arena_bytes;
+  plan.info->lower_bound = plan.memory.lower_bound;
+  plan.offset.assign(s.slots.size(), -1);
+  plan.dies_after.assign(s.kernels.size(), {});
+  for (size_t i = 0; i < requests.size(); ++i) {
+    plan.offset[slot_of_request[i]] = plan.memory.offsets[i];
+    if (!plan.memory.handed_on[i]) plan.dies_after[requests[i].last].push_back({plan.memory.offsets[i], requests[i].bytes});
+  }
+}
+
+// An update `p.assign(f(p, ...))` can write straight into p's buffer when its kernel reads p only
+// at the element it writes, no later kernel reads p, and no later kernel can fail (a failed run
+// must leave every tensor as it was).
+void find_in_place_updates(Plan& plan, const PendingGraph& graph) {
+  const Program& s = plan.program;
+  std::vector<int> output_index(graph.nodes.size(), -1);
+  for (size_t i = 0; i < graph.outputs.size(); ++i) output_index[graph.outputs[i]] = static_cast<int>(i);
+  std::vector<int> external_slot(graph.externals.size(), -1);
+  for (size_t i = 0; i < s.slots.size(); ++i)
+    if (s.slots[i].external >= 0) external_slot[s.slots[i].external] = static_cast<int>(i);
+  const int last_fallible = plan.last_fallible;
+  for (size_t k = 0; k < s.kernels.size(); ++k) {
+    const Kernel& kernel = s.kernels[k];
+    int out = kernel.buffers[0].slot;
+    if (s.slots[out].node < 0 || !s.slots[out].output || kernel.kind != KernelKind::Elementwise) continue;
+    if (in_row_group(plan, k)) continue;  // other rows' phases may still read the old value
+    int oi = output_index[s.slots[out].node];
+    if (oi < 0 || graph.replaced_external[oi] < 0) continue;
+    int ext = external_slot[graph.replaced_external[oi]];
+    if (ext < 0 || s.slots[ext].dtype != s.slots[out].dtype || s.slots[ext].numel != s.slots[out].numel) continue;
+    if (plan.last_use[ext] > static_cast<int>(k) || last_fallible > static_cast<int>(k)) continue;
+    bool reads_ok = true;
+    for (size_t b = 1; b < kernel.buffers.size(); ++b)
+      if (kernel.buffers[b].slot == ext) reads_ok = reads_only_in_place(kernel, static_cast<int>(b));
+    if (reads_ok) plan.updates.push_back({out, ext});
+  }
+}
+
+void note_liveness(Plan& plan) {
+  const Program& s = plan.program;
+  plan.last_use.assign(s.slots.size(), -1);
+  for (size_t k = 0; k < s.kernels.size(); ++k) {
+    for (const KernelBuffer& b : s.kernels[k].buffers) plan.last_use[b.slot] = static_cast<int>(k);
+    if (may_fail(s.kernels[k])) plan.last_fallible = static_cast<int>(k);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Plan> make_plan(const PendingGraph& graph, Program program, Device device) {
+  auto plan = std::make_unique<Plan>();
+  plan->device = device;
+  plan->backend = &backend_for(device);
+  plan->program = std::move(program);
+  note_liveness(*plan);
+  plan->group_start = plan->backend->row_groups(plan->program.kernels);
+  if (!plan->group_start.empty()) extend_lifetimes_over_groups(*plan);
+  plan_buffers(*plan);
+  find_in_place_updates(*plan, graph);
+  plan->info->output_bytes = plan->output_bytes;
+  return plan;
+}
+
+int64_t planned_arena(const PendingGraph& graph) {
+  Plan plan;
+  plan.program = lower(graph, schedule(graph));
+  note_liveness(plan);
+  plan_buffers(plan);
+  return plan.memory.arena_bytes;
+}
+
+}  // namespace kiln::jit

@@ -1,0 +1,153 @@
+#include "memory/recompute_order.h"
+
+#include <algorithm>
+#include <set>
+#include <unordered_map>
+
+#include "core/error.h"
+
+namespace kiln::memory {
+
+void order_for_recompute(std::vector<NodePtr>& nodes) {
+  const int n = static_cast<int>(nodes.size());
+  // Pending inputs (distinct) and consumers, by position.
+  std::vector<std::vector<int>> ins(n), consumers(n);
+  for (int i = 0; i < n; ++i)
+    for (const NodePtr& in : nodes[i]->inputs) {
+      if (in->realized()) continue;
+      int p = static_cast<int>(in->visit_index);
+      if (std::find(ins[i].begin(), ins[i].end(), p) != ins[i].end()) continue;
+      ins[i].push_back(p);
+      consumers[p].push_back(i);
+    }
+  // derived: computed from copies and constants only. anchored: a lazy node that (not through a
+  // copy) reads a value computed in order, e.g. a view of a gradient; it stops `derived`.
+  std::vector<char> derived(n), lazy(n), anchored(n);
+  std::vector<int> base(n, -1);  // the buffer a node's value lives in (views: their source's)
+  for (int i = 0; i < n; ++i) {
+    const Node& node = *nodes[i];
+    bool reads_anchor = false, any_derived = false;
+    for (int p : ins[i]) {
+      reads_anchor |= !lazy[p] || anchored[p];
+      any_derived |= derived[p] != 0;
+    }
+    derived[i] = node.recompute || (any_derived && !reads_anchor);
+    lazy[i] = derived[i] || op_kind(node.op) == OpKind::Movement || op_kind(node.op) == OpKind::Leaf;
+    anchored[i] = lazy[i] && !node.recompute && reads_anchor;
+    if (op_kind(node.op) == OpKind::Movement) {
+      const Node& source = *node.inputs[0];
+      base[i] = source.realized() ? -1 : base[source.visit_index];
+    } else if (op_kind(node.op) != OpKind::Leaf) {
+      base[i] = i;
+    }
+  }
+  // Buffers each non-view node reads, and how many readers each buffer has left.
+  std::vector<std::vector<int>> reads(n), readers(n);
+  std::vector<int> remaining(n, 0);
+  for (int i = 0; i < n; ++i) {
+    if (base[i] != i) continue;
+    for (int p : ins[i]) {
+      int b = base[p];
+      if (b < 0 || std::find(reads[i].begin(), reads[i].end(), b) != reads[i].end()) continue;
+      reads[i].push_back(b);
+      readers[b].push_back(i);
+      remaining[b]++;
+    }
+  }
+
+  std::vector<int> unsatisfied(n), order;
+  // A parameter update (assign) waits for every other reader of the value it replaces, so the
+  // executor can still write it in place (jit/plan.cc).
+  std::unordered_map<const Node*, int> update_of;
+  for (int i = 0; i < n; ++i)
+    if (NodePtr old = nodes[i]->replaces.lock(); old && old->realized()) update_of[old.get()] = i;
+  std::vector<std::vector<int>> unblocks(n);
+  if (!update_of.empty())
+    for_each_realized_read(nodes, [&](int i, const Node* value) {
+      auto it = update_of.find(value);
+      if (it == update_of.end() || it->second == i) return;
+      unblocks[i].push_back(it->second);
+      unsatisfied[it->second]++;
+    });
+  std::vector<char> emitted(n, 0);
+  std::set<int> ready, freeing;  // by DFS position
+  auto frees = [&](int i) {
+    for (int b : reads[i])
+      if (emitted[b] && remaining[b] == 1) return true;
+    return false;
+  };
+  // A node is satisfied once its value can be had: emitted, or lazy with satisfied inputs.
+  std::vector<int> work;
+  auto release = [&](int c) {  // one more of c's inputs (or blockers) is done
+    if (--unsatisfied[c] != 0) return;
+    if (lazy[c]) {
+      work.push_back(c);
+    } else {
+      ready.insert(c);
+      if (frees(c)) freeing.insert(c);
+    }
+  };
+  auto drain = [&] {  // lazy nodes whose inputs are all satisfied are satisfied too
+    while (!work.empty()) {
+      int j = work.back();
+      work.pop_back();
+      for (int c : consumers[j]) release(c);
+    }
+  };
+  auto satisfy = [&](int start) {
+    work.push_back(start);
+    drain();
+  };
+  auto emit_one = [&](int j) {
+    emitted[j] = 1;
+    order.push_back(j);
+    ready.erase(j);
+    freeing.erase(j);
+    for (int b : reads[j])
+      if (--remaining[b] == 1)
+        for (int r : readers[b])
+          if (!emitted[r] && ready.count(r)) freeing.insert(r);
+    if (!lazy[j]) satisfy(j);
+    for (int u : unblocks[j]) release(u);
+    drain();
+  };
+  // Emits `i` after the lazy inputs it still needs, depth first.
+  std::vector<std::pair<int, size_t>> stack;
+  auto emit = [&](int i) {
+    stack.push_back({i, 0});
+    while (!stack.empty()) {
+      auto& [j, next] = stack.back();
+      if (next < ins[j].size()) {
+        int p = ins[j][next++];
+        if (!emitted[p]) stack.push_back({p, 0});
+        continue;
+      }
+      int done = j;
+      stack.pop_back();
+      emit_one(done);
+    }
+  };
+  std::vector<int> roots;
+  for (int i = 0; i < n; ++i) {
+    unsatisfied[i] += static_cast<int>(ins[i].size());
+    if (unsatisfied[i] == 0) roots.push_back(i);
+  }
+  for (int i : roots) {
+    if (lazy[i]) satisfy(i);
+    else ready.insert(i);
+  }
+  while (!ready.empty()) emit(!freeing.empty() ? *freeing.begin() : *ready.begin());
+  for (int i = 0; i < n; ++i)
+    if (!emitted[i]) emit(i);  // lazy outputs nothing else reads
+  KILN_CHECK(static_cast<int>(order.size()) == n, "jit", "internal: reordering lost {} of {} nodes",
+             n - static_cast<int>(order.size()), n);
+
+  std::vector<NodePtr> reordered(n);
+  for (int k = 0; k < n; ++k) {
+    reordered[k] = std::move(nodes[order[k]]);
+    reordered[k]->visit_index = k;
+  }
+  nodes = std::move(reordered);
+}
+
+}  // namespace kiln::memory

@@ -6,27 +6,18 @@
 
 #include "core/shape.h"
 #include "jit/index_expr.h"
+#include "ops/ops.h"
 
 using namespace kiln;
 using namespace kiln::jit;
 
-namespace {
-// Index of `shape` reached by the linear position `lin`, as the executor's reshape rule does.
-std::vector<IndexExpr> unravel(IndexContext& ctx, const IndexExpr& lin, const Shape& shape) {
-  auto strides = contiguous_strides(shape);
-  std::vector<IndexExpr> idx(shape.size());
-  for (size_t d = 0; d < shape.size(); ++d)
-    idx[d] = d == 0 ? ctx.div(lin, strides[0]) : ctx.mod(ctx.div(lin, strides[d]), shape[d]);
-  return idx;
-}
-}  // namespace
 
 TEST_CASE("merging and splitting contiguous dims stays affine", "[jit][index]") {
   IndexContext ctx;
   // (B, T, C) = (4, 5, 6) viewed as (20, 6): row = b*5 + t, col = c.
   IndexExpr b = ctx.var("b", 4), t = ctx.var("t", 5), c = ctx.var("c", 6);
   IndexExpr lin = ctx.add(ctx.add(ctx.scale(b, 30), ctx.scale(t, 6)), c);
-  auto idx = unravel(ctx, lin, {20, 6});
+  auto idx = unflatten(ctx, lin, {20, 6});
   CHECK(ctx.is_affine(idx[0]));
   CHECK(ctx.is_affine(idx[1]));
   CHECK(ctx.render(idx[0]) == "5*b + t");
@@ -34,7 +25,7 @@ TEST_CASE("merging and splitting contiguous dims stays affine", "[jit][index]") 
   // And back: (20, 6) viewed as (4, 5, 6).
   IndexContext ctx2;
   IndexExpr r = ctx2.var("r", 20), k = ctx2.var("k", 6);
-  auto back = unravel(ctx2, ctx2.add(ctx2.scale(r, 6), k), {4, 5, 6});
+  auto back = unflatten(ctx2, ctx2.add(ctx2.scale(r, 6), k), {4, 5, 6});
   CHECK(ctx2.render(back[2]) == "k");
   CHECK_FALSE(ctx2.is_affine(back[0]));  // r / 5 cannot be affine
 }
@@ -45,7 +36,7 @@ TEST_CASE("an unravelled flat index linearized again folds back to the flat inde
   IndexContext ctx;
   const Shape shape{128, 32, 28, 28};
   IndexExpr o = ctx.var("o", numel(shape));
-  auto idx = unravel(ctx, o, shape);
+  auto idx = unflatten(ctx, o, shape);
   auto strides = contiguous_strides(shape);
   IndexExpr lin = ctx.constant(0);
   for (size_t d = 0; d < shape.size(); ++d) lin = ctx.add(lin, ctx.scale(idx[d], strides[d]));
@@ -54,7 +45,7 @@ TEST_CASE("an unravelled flat index linearized again folds back to the flat inde
   IndexContext ctx2;
   IndexExpr o2 = ctx2.var("o", numel(shape) / 28), i = ctx2.var("i", 28);
   IndexExpr flat = ctx2.add(ctx2.scale(o2, 28), i);
-  auto idx2 = unravel(ctx2, flat, shape);
+  auto idx2 = unflatten(ctx2, flat, shape);
   IndexExpr lin2 = ctx2.constant(0);
   for (size_t d = 0; d < shape.size(); ++d) lin2 = ctx2.add(lin2, ctx2.scale(idx2[d], strides[d]));
   CHECK(ctx2.is_affine(lin2));
@@ -85,8 +76,8 @@ TEST_CASE("random reshape chains keep their values", "[jit][index]") {
       for (size_t d = 0; d < s.size(); ++d) lin = ctx.add(lin, ctx.scale(idx[d], st[d]));
       return lin;
     };
-    auto mid = unravel(ctx, lin_of(vars, to), via);
-    auto src = unravel(ctx, lin_of(mid, via), from);
+    auto mid = unflatten(ctx, lin_of(vars, to), via);
+    auto src = unflatten(ctx, lin_of(mid, via), from);
     IndexExpr offset = lin_of(src, from);
     for (int64_t flat = 0; flat < 24; ++flat) {
       std::vector<std::pair<std::string, int64_t>> values;
@@ -113,4 +104,36 @@ TEST_CASE("slices with steps and pads shift and scale indices", "[jit][index]") 
   CHECK(ctx.min(padded) == -1);
   CHECK(ctx.render(ctx.div(ctx.scale(i, 4), 2)) == "2*i");
   CHECK(ctx.render(ctx.mod(ctx.add(ctx.scale(i, 4), ctx.constant(1)), 2)) == "1");
+}
+
+TEST_CASE("views map output indices to the element they read", "[jit][index]") {
+  // Each view of a [3, 4] input, checked element by element against the index it must read.
+  Tensor x = zeros({3, 4});
+  auto check = [](const Tensor& view, auto expected) {
+    const Node& node = *view.node();
+    IndexContext ctx;
+    std::vector<IndexExpr> idx;
+    for (size_t d = 0; d < node.shape.size(); ++d) idx.push_back(ctx.var("v" + std::to_string(d), node.shape[d]));
+    std::vector<Guard> guards;
+    std::vector<IndexExpr> in = view_source_index(ctx, node, idx, &guards);
+    const Shape& s = node.shape;
+    for (int64_t a = 0; a < s[0]; ++a)
+      for (int64_t b = 0; b < (s.size() > 1 ? s[1] : 1); ++b) {
+        std::vector<std::pair<std::string, int64_t>> at = {{"v0", a}};
+        if (s.size() > 1) at.push_back({"v1", b});
+        std::vector<int64_t> got;
+        for (const IndexExpr& e : in) got.push_back(ctx.evaluate(e, at));
+        CHECK(got == expected(a, b));
+      }
+    return guards.size();
+  };
+  CHECK(check(permute(x, {1, 0}), [](int64_t a, int64_t b) { return std::vector<int64_t>{b, a}; }) == 0);
+  CHECK(check(slice(x, 1, 1, 4, 2), [](int64_t a, int64_t b) { return std::vector<int64_t>{a, 1 + 2 * b}; }) == 0);
+  CHECK(check(reshape(x, {2, 6}), [](int64_t a, int64_t b) { return std::vector<int64_t>{(6 * a + b) / 4, (6 * a + b) % 4}; }) == 0);
+  CHECK(check(expand(zeros({3, 1}), {3, 5}), [](int64_t a, int64_t) { return std::vector<int64_t>{a, 0}; }) == 0);
+  CHECK(check(pad(x, {{1, 0}, {0, 2}}), [](int64_t a, int64_t b) { return std::vector<int64_t>{a - 1, b}; }) == 2);  // both padded dims guarded
+  // A pad has no strided form: asking for one without guards is an error, not a silent misread.
+  Tensor p = pad(x, {{1, 0}, {0, 2}});
+  IndexContext ctx;
+  CHECK_THROWS_AS(view_source_index(ctx, *p.node(), {ctx.var("a", 4), ctx.var("b", 6)}), Error);
 }

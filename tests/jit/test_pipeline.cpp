@@ -1,0 +1,76 @@
+// The realize pipeline's seams: lowering that amends the schedule, one structural key across
+// devices, the backend chosen per device, and what the planner reports it handed on.
+#include <catch2/catch.hpp>
+#include <kiln/kiln.h>
+
+#include <cstring>
+
+#include "jit/backend.h"
+#include "jit/collect.h"
+#include "jit/executor.h"
+#include "jit/schedule.h"
+#include "memory/planner.h"
+#include "backends/cuda/cuda_runtime.h"
+
+using namespace kiln;
+
+TEST_CASE("a matmul operand that is no strided view gets a buffer of its own", "[jit][lower]") {
+  // permute then reshape mixes dimensions: no strides describe it, so lowering materializes it.
+  std::vector<float> xs(2 * 3 * 4), ws(3 * 5);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
+  for (size_t i = 0; i < ws.size(); ++i) ws[i] = 0.125f * static_cast<float>(i % 5) - 0.25f;
+  Tensor x = from_vector<float>(xs, {2, 3, 4}), w = from_vector<float>(ws, {3, 5});
+  Tensor a = reshape(permute(x, {0, 2, 1}), {8, 3});
+  Tensor y = matmul(a, w);
+  jit::Program program = jit::lower_for({y.node()});
+  REQUIRE(program.kernels.size() == 2);
+  CHECK(program.kernels[0].kind == jit::KernelKind::Elementwise);  // the copy of `a`
+  CHECK(program.kernels[1].kind == jit::KernelKind::Matmul);
+  std::vector<float> got = y.to_vector<float>();
+  for (int64_t r = 0; r < 8; ++r)
+    for (int64_t c = 0; c < 5; ++c) {
+      const int64_t b = r / 4, i = r % 4;  // a[r, k] = x[b, k, i]
+      float want = 0;
+      for (int64_t k = 0; k < 3; ++k) want += xs[static_cast<size_t>(b * 12 + k * 4 + i)] * ws[static_cast<size_t>(k * 5 + c)];
+      CHECK(got[static_cast<size_t>(r * 5 + c)] == Approx(want).margin(1e-6));
+    }
+}
+
+TEST_CASE("the structural key tells devices apart by itself", "[jit][plan-cache][device]") {
+  if (!cuda::available()) return;
+  auto graph_on = [](Device d) {
+    Tensor x = ones({4, 4}).to(d).realize();
+    return exp(x) * 2.0;
+  };
+  Tensor on_cpu = graph_on(Device::cpu()), on_gpu = graph_on(Device::cuda(0));
+  const std::string cpu_key = jit::collect_pending({on_cpu.node()}).key;
+  const std::string gpu_key = jit::collect_pending({on_gpu.node()}).key;
+  CHECK(cpu_key != gpu_key);
+  jit::clear_plan_cache();
+  on_cpu.realize();
+  on_gpu.realize();
+  CHECK(jit::plan_cache_size() == 2);
+  CHECK(on_gpu.to(Device::cpu()).to_vector<float>() == on_cpu.to_vector<float>());
+}
+
+TEST_CASE("each device runs plans through its own backend", "[jit][backend][device]") {
+  CHECK(std::strcmp(jit::backend_for(Device::cpu()).name(), "cpu") == 0);
+  CHECK(jit::backend_for(Device::cpu()).row_groups({}).empty());
+  if (!cuda::available()) {
+    CHECK_THROWS_AS(jit::backend_for(Device::cuda(0)), Error);
+    return;
+  }
+  CHECK(std::strcmp(jit::backend_for(Device::cuda(0)).name(), cuda::emulated() ? "cuda-emulator" : "cuda") == 0);
+}
+
+TEST_CASE("planner: an in-place pair reports the buffer it handed on", "[planner]") {
+  // b takes a over where a dies; c lives beside b. Only a's memory is handed on.
+  std::vector<memory::BufferRequest> r = {{4096, 0, 1, -1}, {4096, 1, 2, 0}, {4096, 1, 3, -1}};
+  memory::MemoryPlan plan = memory::plan_memory(r);
+  REQUIRE(plan.handed_on.size() == 3);
+  CHECK(plan.handed_on == std::vector<bool>{true, false, false});
+  CHECK(plan.offsets[0] == plan.offsets[1]);
+  // Without the in-place permission nothing is handed on.
+  r[1].in_place_of = -1;
+  CHECK(memory::plan_memory(r).handed_on == std::vector<bool>{false, false, false});
+}

@@ -34,7 +34,7 @@
 #include <iostream>
 
 namespace nn = kiln::nn;
-namespace data = kiln::data;
+namespace data = kiln::nn::data;
 using kiln::Tensor;
 
 using kiln::samples::Cnn;

@@ -226,9 +226,18 @@ TEST_CASE("losses match closed forms", "[nn]") {
       double target = (c == (n == 0 ? 0 : 2) ? 0.9 : 0.0) + 0.1 / 3;
       smooth += target * (lse(n) - lg[n * 3 + c]);
     }
-  CHECK(nn::cross_entropy(logits, labels, {.label_smoothing = 0.1}).item() == Approx(smooth / 2));
-  CHECK(nn::cross_entropy(logits, labels, {.label_smoothing = 0.1, .reduction = nn::Reduction::Sum}).item() ==
-        Approx(smooth));
+  CHECK(nn::cross_entropy(logits, labels, nn::CrossEntropyOptions().label_smoothing(0.1)).item() ==
+        Approx(smooth / 2));
+  CHECK(nn::cross_entropy(logits, labels, nn::CrossEntropyOptions().label_smoothing(0.1).reduction(nn::Reduction::Sum))
+            .item() == Approx(smooth));
+  // Reduction::None: one loss per row (N), without and with smoothing.
+  auto rows = nn::cross_entropy(logits, labels, nn::CrossEntropyOptions().reduction(nn::Reduction::None));
+  REQUIRE(rows.shape() == Shape{2});
+  CHECK(rows.to_vector<double>()[0] == Approx(lse(0) - lg[0]));
+  CHECK(rows.to_vector<double>()[1] == Approx(lse(1) - lg[5]));
+  auto smooth_rows = nn::cross_entropy(
+      logits, labels, nn::CrossEntropyOptions().label_smoothing(0.1).reduction(nn::Reduction::None));
+  CHECK(kiln::sum(smooth_rows).item() == Approx(smooth));
   CHECK(nn::nll_loss(log_softmax(logits, 1), labels).item() == Approx(ce));
   auto per = nn::nll_loss(log_softmax(logits, 1), labels, nn::Reduction::None).to_vector<double>();
   CHECK(per[1] == Approx(lse(1) - lg[5]));

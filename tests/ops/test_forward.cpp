@@ -499,7 +499,8 @@ TEST_CASE("softmax, log_softmax, layer_norm and losses", "[forward][composite]")
   double nll = -(lsm[2] + lsm[3] + lsm[7]) / 3, uniform = 0;
   for (double v : lsm) uniform -= v / 9;
   check_close(kiln::cross_entropy(t, labels), {nll});
-  check_close(kiln::cross_entropy(t, labels, 0.2), {0.8 * nll + 0.2 * uniform});
+  check_close(kiln::cross_entropy(t, labels, kiln::CrossEntropyOptions().label_smoothing(0.2)),
+              {0.8 * nll + 0.2 * uniform});
   check_close(kiln::cross_entropy(t, i32({2, 0, 1}, {3})), {nll});
   CHECK(kiln::cross_entropy(t, labels).dim() == 0);
   check_close(kiln::mse_loss(f32({1, 2, 3}), f32({1.5, 2, 1})), {(0.25 + 0 + 4) / 3});

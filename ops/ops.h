@@ -86,8 +86,13 @@ Tensor operator+(double a, const Tensor& b);
 Tensor operator-(double a, const Tensor& b);
 Tensor operator*(double a, const Tensor& b);
 Tensor operator/(double a, const Tensor& b);
+// Comparisons give Bool tensors, as lt/le/gt/ge/eq/ne; no gradient flows back through them.
 Tensor operator<(const Tensor& a, const Tensor& b);
 Tensor operator>(const Tensor& a, const Tensor& b);
+Tensor operator<=(const Tensor& a, const Tensor& b);
+Tensor operator>=(const Tensor& a, const Tensor& b);
+Tensor operator==(const Tensor& a, const Tensor& b);
+Tensor operator!=(const Tensor& a, const Tensor& b);
 
 // ---- movement (views) ----
 Tensor reshape(const Tensor& a, Shape shape);  // one -1 allowed

@@ -170,7 +170,7 @@ TEST_CASE("BatchNorm2d normalizes per channel over N, H, W", "[nn][batchnorm]") 
 
 TEST_CASE("gradient of BatchNorm2d in training mode", "[nn][batchnorm][gradcheck]") {
   nn::BatchNorm2d bn(nn::BatchNorm2dOptions(2).track_running_stats(false));
-  auto f = [bn](const std::vector<Tensor>& v) { return bn.forward(v[0]); };
+  auto f = [bn](const std::vector<Tensor>& v) mutable { return bn.forward(v[0]); };
   auto result = kiln::testing::gradcheck(f, {kiln::testing::uniform({2, 2, 2, 3}, -2, 2, 600)});
   INFO(result.report);
   CHECK(result.ok);

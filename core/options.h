@@ -1,5 +1,5 @@
-// KILN_OPTION: one line per field of a chainable options struct, so options read like
-// `SGDOptions(0.1).momentum(0.9).nesterov(true)` or `LinearOptions(4, 2).bias(false)`.
+// KILN_OPTION: one line per field of a chainable options class, the one options idiom of kiln
+// (layers, losses, optimizers, data): `SGDOptions(0.1).momentum(0.9)`, `LinearOptions(4, 2).bias(false)`.
 //
 //   struct LinearOptions {
 //     LinearOptions(int64_t in, int64_t out) : in_features_(in), out_features_(out) {}

@@ -6,28 +6,26 @@
 //   struct Net : nn::Module {
 //     nn::Sequential block1 = register_module("block1", nn::Sequential(nn::Linear(512, 512), nn::ReLU(), ...));
 //     nn::Sequential block2 = register_module("block2", nn::Sequential(...));
-//     Tensor forward(const Tensor& x) {
+//     Tensor forward(const Tensor& x) override {
 //       Tensor h = nn::checkpoint(block1, x);   // (B, 512); block1's insides are recomputed
 //       return nn::checkpoint(block2, h);
 //     }
 //   };
 //
-// Any module with `Tensor forward(const Tensor&)` works (see nn::Layer); for several inputs or a
-// plain function, use kiln::checkpoint (memory/recompute.h), which this wraps. Checkpointing one
-// segment that covers the whole model saves nothing: it is all recomputed at once. Under
-// NoGradGuard, or in eager mode (KILN_LAZY=0), it is a plain forward.
+// Any module runs through its virtual forward (a Module& to a derived module, an nn::AnyModule);
+// for several inputs or a plain function, use kiln::checkpoint (memory/recompute.h), which this
+// wraps. Checkpointing one segment that covers the whole model saves nothing: it is all
+// recomputed at once. Under NoGradGuard, or in eager mode (KILN_LAZY=0), it is a plain forward.
 #pragma once
-#include <utility>
-
 #include "memory/recompute.h"
-#include "nn/sequential.h"
+#include "nn/module.h"
 
 namespace kiln::nn {
 
-template <Layer M> Tensor checkpoint(M&& module, const Tensor& x) {
+inline Tensor checkpoint(Module& module, const Tensor& x) {
   // The function runs once, right here: kiln::checkpoint records it and copies its nodes for
   // the backward, so capturing by reference is safe.
-  return kiln::checkpoint([&module](const Tensor& t) { return Tensor(module.forward(t)); }, x);
+  return kiln::checkpoint([&module](const Tensor& t) { return module.forward(t); }, x);
 }
 
 }  // namespace kiln::nn

@@ -11,7 +11,7 @@
 
 namespace kiln::nn {
 
-Conv2d::Conv2d(const Conv2dOptions& o) : Module("Conv2d"), options(o) {
+Conv2d::Conv2d(const Conv2dOptions& o) : Module("Conv2d"), options_(o) {
   const Size2 k = o.kernel_size();
   KILN_CHECK(o.in_channels() > 0 && o.out_channels() > 0 && k[0] > 0 && k[1] > 0 && o.groups() > 0 &&
                  o.in_channels() % o.groups() == 0 && o.out_channels() % o.groups() == 0,
@@ -30,10 +30,10 @@ Conv2d::Conv2d(const Conv2dOptions& o) : Module("Conv2d"), options(o) {
                              o.groups() != 1 ? fmt::format(", groups={}", o.groups()) : "", o.bias() ? "" : ", bias=false"));
 }
 
-Tensor Conv2d::forward(const Tensor& x) const {
-  KILN_CHECK((x.dim() == 3 || x.dim() == 4) && x.size(x.dim() - 3) == options.in_channels(), "Conv2d",
-             "expects (N, {0}, H, W) or ({0}, H, W), got {1}", options.in_channels(), shape_str(x.shape()));
-  return conv2d(x, weight, bias, options.stride(), options.padding(), options.dilation(), options.groups());
+Tensor Conv2d::forward(const Tensor& x) {
+  KILN_CHECK((x.dim() == 3 || x.dim() == 4) && x.size(x.dim() - 3) == options_.in_channels(), "Conv2d",
+             "expects (N, {0}, H, W) or ({0}, H, W), got {1}", options_.in_channels(), shape_str(x.shape()));
+  return conv2d(x, weight, bias, options_.stride(), options_.padding(), options_.dilation(), options_.groups());
 }
 
 }  // namespace kiln::nn

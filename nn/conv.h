@@ -42,10 +42,13 @@ class Conv2d : public Module {
   Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size)
       : Conv2d(Conv2dOptions(in_channels, out_channels, kernel_size)) {}
   explicit Conv2d(const Conv2dOptions& options);
-  Tensor forward(const Tensor& x) const;
-  Conv2dOptions options;
+  Tensor forward(const Tensor& x) override;
+  const Conv2dOptions& options() const { return options_; }
   Tensor weight;  // (out, in / groups, kh, kw)
   Tensor bias;    // (out), undefined without bias
+
+ private:
+  Conv2dOptions options_;
 };
 
 }  // namespace kiln::nn

@@ -12,7 +12,7 @@
 
 namespace kiln::nn {
 
-Linear::Linear(const LinearOptions& o) : Module("Linear"), options(o) {
+Linear::Linear(const LinearOptions& o) : Module("Linear"), options_(o) {
   KILN_CHECK(o.in_features() > 0 && o.out_features() > 0, "Linear", "features must be positive, got in={} out={}",
              o.in_features(), o.out_features());
   weight = register_parameter("weight", zeros({o.out_features(), o.in_features()}, o.dtype()));
@@ -25,44 +25,44 @@ Linear::Linear(const LinearOptions& o) : Module("Linear"), options(o) {
   set_extra_repr(fmt::format("in={}, out={}, bias={}", o.in_features(), o.out_features(), o.bias()));
 }
 
-Tensor Linear::forward(const Tensor& x) const {
-  KILN_CHECK(x.dim() >= 1 && x.shape().back() == options.in_features(), "Linear",
-             "input {} does not end in in_features={}", shape_str(x.shape()), options.in_features());
+Tensor Linear::forward(const Tensor& x) {
+  KILN_CHECK(x.dim() >= 1 && x.shape().back() == options_.in_features(), "Linear",
+             "input {} does not end in in_features={}", shape_str(x.shape()), options_.in_features());
   Tensor y = matmul(x, weight.t());  // (..., out)
   return bias.defined() ? y + bias : y;
 }
 
-Dropout::Dropout(double p_) : Module("Dropout"), p(p_) {
+Dropout::Dropout(double p) : Module("Dropout"), p_(p) {
   KILN_CHECK(p >= 0.0 && p < 1.0, "Dropout", "p = {} is outside [0, 1)", p);
   set_extra_repr(fmt::format("p={}", p));
 }
-Tensor Dropout::forward(const Tensor& x) const { return dropout(x, p, is_training()); }
+Tensor Dropout::forward(const Tensor& x) { return dropout(x, p_, is_training()); }
 
-Tensor ReLU::forward(const Tensor& x) const { return relu(x); }
+Tensor ReLU::forward(const Tensor& x) { return relu(x); }
 
-GELU::GELU(bool tanh) : Module("GELU"), tanh_approximation(tanh) {
+GELU::GELU(bool tanh) : Module("GELU"), tanh_approximation_(tanh) {
   if (tanh) set_extra_repr("approximate=tanh");
 }
-Tensor GELU::forward(const Tensor& x) const { return gelu(x, tanh_approximation); }
+Tensor GELU::forward(const Tensor& x) { return gelu(x, tanh_approximation_); }
 
-Tensor SiLU::forward(const Tensor& x) const { return silu(x); }
-Tensor Sigmoid::forward(const Tensor& x) const { return sigmoid(x); }
-Tensor Tanh::forward(const Tensor& x) const { return kiln::tanh(x); }
+Tensor SiLU::forward(const Tensor& x) { return silu(x); }
+Tensor Sigmoid::forward(const Tensor& x) { return sigmoid(x); }
+Tensor Tanh::forward(const Tensor& x) { return kiln::tanh(x); }
 
-Flatten::Flatten(int64_t start, int64_t end) : Module("Flatten"), start_dim(start), end_dim(end) {
+Flatten::Flatten(int64_t start, int64_t end) : Module("Flatten"), start_dim_(start), end_dim_(end) {
   set_extra_repr(fmt::format("start_dim={}, end_dim={}", start, end));
 }
-Tensor Flatten::forward(const Tensor& x) const { return flatten(x, start_dim, end_dim); }
+Tensor Flatten::forward(const Tensor& x) { return flatten(x, start_dim_, end_dim_); }
 
-LayerNorm::LayerNorm(const LayerNormOptions& o) : Module("LayerNorm"), options(o) {
+LayerNorm::LayerNorm(const LayerNormOptions& o) : Module("LayerNorm"), options_(o) {
   if (o.elementwise_affine()) {
     weight = register_parameter("weight", ones(o.normalized_shape()).realize());
     bias = register_parameter("bias", zeros(o.normalized_shape()).realize());
   }
   set_extra_repr(fmt::format("{}, eps={}", shape_str(o.normalized_shape()), o.eps()));
 }
-Tensor LayerNorm::forward(const Tensor& x) const {
-  return layer_norm(x, options.normalized_shape(), weight, bias, options.eps());
+Tensor LayerNorm::forward(const Tensor& x) {
+  return layer_norm(x, options_.normalized_shape(), weight, bias, options_.eps());
 }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim) : Module("Embedding") {
@@ -71,7 +71,7 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim) : Module("Em
   weight = register_parameter("weight", randn({num_embeddings, embedding_dim}).realize());
   set_extra_repr(fmt::format("{}, {}", num_embeddings, embedding_dim));
 }
-Tensor Embedding::forward(const Tensor& indices) const {
+Tensor Embedding::forward(const Tensor& indices) {
   KILN_CHECK(is_integral(indices.dtype()), "Embedding", "indices have dtype {}; need integers",
              dtype_name(indices.dtype()));
   Shape out_shape = indices.shape();
@@ -79,7 +79,7 @@ Tensor Embedding::forward(const Tensor& indices) const {
   return index_select(weight, 0, indices.reshape({indices.numel()})).reshape(out_shape);  // (..., D)
 }
 
-BatchNormBase::BatchNormBase(const char* name, const BatchNormOptions& o) : Module(name), options(o) {
+BatchNormBase::BatchNormBase(const char* name, const BatchNormOptions& o) : Module(name), options_(o) {
   KILN_CHECK(o.features() > 0, name, "features must be positive, got {}", o.features());
   if (o.affine()) {
     weight = register_parameter("weight", ones({o.features()}).realize());
@@ -94,14 +94,14 @@ BatchNormBase::BatchNormBase(const char* name, const BatchNormOptions& o) : Modu
 }
 
 Tensor BatchNormBase::normalize(const Tensor& x) const {
-  int64_t C = options.features();
+  int64_t C = options_.features();
   std::vector<int64_t> axes{0};           // every axis but the channels
   Shape channel_shape{C};                 // (C, 1, ...): broadcasts against x
   for (size_t d = 2; d < x.dim(); ++d) {
     axes.push_back(static_cast<int64_t>(d));
     channel_shape.push_back(1);
   }
-  bool use_batch = is_training() || !options.track_running_stats();
+  bool use_batch = is_training() || !options_.track_running_stats();
   Tensor mean, var;
   if (use_batch) {
     int64_t count = x.numel() / C;
@@ -109,9 +109,9 @@ Tensor BatchNormBase::normalize(const Tensor& x) const {
                "training needs more than one value per channel, got {}", shape_str(x.shape()));
     mean = kiln::mean(x, axes);                  // (C)
     var = kiln::var(x, axes, false, false);      // (C), biased: what normalization uses
-    if (is_training() && options.track_running_stats()) {
+    if (is_training() && options_.track_running_stats()) {
       NoGradGuard no_grad;
-      double m = options.momentum();
+      double m = options_.momentum();
       double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
       Tensor running_mean_var = running_mean, running_var_var = running_var, batches = num_batches_tracked;
       running_mean_var.assign(running_mean * (1.0 - m) + mean.detach() * m);
@@ -122,20 +122,20 @@ Tensor BatchNormBase::normalize(const Tensor& x) const {
     mean = running_mean;
     var = running_var;
   }
-  Tensor y = (x - mean.reshape(channel_shape)) * rsqrt(var.reshape(channel_shape) + options.eps());
+  Tensor y = (x - mean.reshape(channel_shape)) * rsqrt(var.reshape(channel_shape) + options_.eps());
   if (weight.defined()) y = y * weight.reshape(channel_shape) + bias.reshape(channel_shape);
   return y;
 }
 
-Tensor BatchNorm1d::forward(const Tensor& x) const {
-  int64_t C = options.features();
+Tensor BatchNorm1d::forward(const Tensor& x) {
+  int64_t C = options().features();
   KILN_CHECK((x.dim() == 2 || x.dim() == 3) && x.size(1) == C, "BatchNorm1d",
              "expects (N, {0}) or (N, {0}, L), got {1}", C, shape_str(x.shape()));
   return normalize(x);
 }
 
-Tensor BatchNorm2d::forward(const Tensor& x) const {
-  int64_t C = options.features();
+Tensor BatchNorm2d::forward(const Tensor& x) {
+  int64_t C = options().features();
   KILN_CHECK(x.dim() == 4 && x.size(1) == C, "BatchNorm2d",
              "expects (N, {0}, H, W), got {1}; BatchNorm1d takes (N, C) and (N, C, L)", C, shape_str(x.shape()));
   return normalize(x);

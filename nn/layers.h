@@ -1,5 +1,6 @@
 // The standard layers. Each is an nn::Module (a value-like handle: copies alias the same
-// parameters) with a non-virtual `Tensor forward(const Tensor&)`.
+// parameters) overriding `Tensor forward(const Tensor&)`. Options are fixed at construction
+// (read them with options(), p(), ...): a copy can never disagree with the original about them.
 //
 //   nn::Linear fc(784, 512);                                  // weight (512, 784), bias (512)
 //   nn::Linear head(nn::LinearOptions(512, 10).bias(false));
@@ -33,10 +34,13 @@ class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features) : Linear(LinearOptions(in_features, out_features)) {}
   explicit Linear(const LinearOptions& options);
-  Tensor forward(const Tensor& x) const;
-  LinearOptions options;
+  Tensor forward(const Tensor& x) override;
+  const LinearOptions& options() const { return options_; }
   Tensor weight;  // (out, in)
   Tensor bias;    // (out), undefined without bias
+
+ private:
+  LinearOptions options_;
 };
 
 // Zeroes each element with probability p and scales the rest by 1/(1-p) while training;
@@ -44,47 +48,57 @@ class Linear : public Module {
 class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.5);
-  Tensor forward(const Tensor& x) const;
-  double p;
+  Tensor forward(const Tensor& x) override;
+  double p() const { return p_; }
+
+ private:
+  double p_;
 };
 
 class ReLU : public Module {
  public:
   ReLU() : Module("ReLU") {}
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x) override;
 };
 
 class GELU : public Module {
  public:
   explicit GELU(bool tanh_approximation = false);
-  Tensor forward(const Tensor& x) const;
-  bool tanh_approximation;
+  Tensor forward(const Tensor& x) override;
+  bool tanh_approximation() const { return tanh_approximation_; }
+
+ private:
+  bool tanh_approximation_;
 };
 
 class SiLU : public Module {
  public:
   SiLU() : Module("SiLU") {}
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x) override;
 };
 
 class Sigmoid : public Module {
  public:
   Sigmoid() : Module("Sigmoid") {}
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x) override;
 };
 
 class Tanh : public Module {
  public:
   Tanh() : Module("Tanh") {}
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x) override;
 };
 
 // Flattens dims start..end into one (default: everything after the batch dim).
 class Flatten : public Module {
  public:
   explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1);
-  Tensor forward(const Tensor& x) const;
-  int64_t start_dim, end_dim;
+  Tensor forward(const Tensor& x) override;
+  int64_t start_dim() const { return start_dim_; }
+  int64_t end_dim() const { return end_dim_; }
+
+ private:
+  int64_t start_dim_, end_dim_;
 };
 
 class LayerNormOptions {
@@ -100,9 +114,12 @@ class LayerNorm : public Module {
  public:
   explicit LayerNorm(const LayerNormOptions& options);
   LayerNorm(int64_t features) : LayerNorm(LayerNormOptions({features})) {}
-  Tensor forward(const Tensor& x) const;
-  LayerNormOptions options;
+  Tensor forward(const Tensor& x) override;
+  const LayerNormOptions& options() const { return options_; }
   Tensor weight, bias;
+
+ private:
+  LayerNormOptions options_;
 };
 
 // A table of num_embeddings vectors of size embedding_dim, initialized N(0, 1).
@@ -110,7 +127,7 @@ class LayerNorm : public Module {
 class Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim);
-  Tensor forward(const Tensor& indices) const;
+  Tensor forward(const Tensor& indices) override;
   Tensor weight;  // (num_embeddings, embedding_dim)
 };
 
@@ -134,7 +151,7 @@ using BatchNorm2dOptions = BatchNormOptions;
 // after a step, so the update chain is realized each step.
 class BatchNormBase : public Module {
  public:
-  BatchNormOptions options;
+  const BatchNormOptions& options() const { return options_; }
   Tensor weight, bias;                   // (C), ones / zeros
   Tensor running_mean, running_var;      // (C), zeros / ones
   Tensor num_batches_tracked;            // int64 scalar
@@ -143,6 +160,9 @@ class BatchNormBase : public Module {
   BatchNormBase(const char* name, const BatchNormOptions& options);
   // x (N, C, ...) with the rank the caller checked; normalizes over axes 0, 2, 3, ...
   Tensor normalize(const Tensor& x) const;
+
+ private:
+  BatchNormOptions options_;
 };
 
 // x (N, C) or (N, C, L); statistics over N (and L).
@@ -150,7 +170,7 @@ class BatchNorm1d : public BatchNormBase {
  public:
   explicit BatchNorm1d(const BatchNormOptions& options) : BatchNormBase("BatchNorm1d", options) {}
   BatchNorm1d(int64_t features) : BatchNorm1d(BatchNormOptions(features)) {}
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x) override;
 };
 
 // x (N, C, H, W); statistics over N, H and W, one pair per channel.
@@ -159,7 +179,7 @@ class BatchNorm2d : public BatchNormBase {
  public:
   explicit BatchNorm2d(const BatchNormOptions& options) : BatchNormBase("BatchNorm2d", options) {}
   BatchNorm2d(int64_t features) : BatchNorm2d(BatchNormOptions(features)) {}
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x) override;
 };
 
 }  // namespace kiln::nn

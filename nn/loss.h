@@ -1,29 +1,20 @@
-// Loss functions. Each returns the mean over all elements (or examples) unless another
-// Reduction is asked for.
+// Loss functions for nn code: the same functions and options as kiln::cross_entropy & co.
+// (ops/loss.h), under nn:: as well, so `nn::cross_entropy` and `kiln::cross_entropy` are one
+// API with one options class.
 //
-//   Tensor loss = nn::cross_entropy(logits, labels, {.label_smoothing = 0.1});
+//   Tensor loss = nn::cross_entropy(logits, labels, nn::CrossEntropyOptions().label_smoothing(0.1));
 //   Tensor l2 = nn::mse_loss(prediction, target);
 #pragma once
-#include "core/tensor.h"
+#include "ops/loss.h"
 
 namespace kiln::nn {
 
-enum class Reduction { Mean, Sum, None };
-
-struct CrossEntropyOptions {
-  double label_smoothing = 0.0;  // in [0, 1)
-  Reduction reduction = Reduction::Mean;
-};
-
-// logits (N, C), labels (N) integer class ids. With smoothing s the target is
-// (1 - s) * one_hot + s / C.
-Tensor cross_entropy(const Tensor& logits, const Tensor& labels, CrossEntropyOptions options = {});
-// log_probs (N, C) (e.g. log_softmax output), labels (N): -log_probs[n, labels[n]].
-Tensor nll_loss(const Tensor& log_probs, const Tensor& labels, Reduction reduction = Reduction::Mean);
-Tensor mse_loss(const Tensor& prediction, const Tensor& target, Reduction reduction = Reduction::Mean);
-Tensor l1_loss(const Tensor& prediction, const Tensor& target, Reduction reduction = Reduction::Mean);
-// Binary cross entropy on logits x against targets t in [0, 1], in the stable form
-// max(x, 0) - x * t + log(1 + exp(-|x|)).
-Tensor bce_with_logits(const Tensor& logits, const Tensor& target, Reduction reduction = Reduction::Mean);
+using kiln::bce_with_logits;
+using kiln::cross_entropy;
+using kiln::CrossEntropyOptions;
+using kiln::l1_loss;
+using kiln::mse_loss;
+using kiln::nll_loss;
+using kiln::Reduction;
 
 }  // namespace kiln::nn

@@ -49,6 +49,14 @@ Module::Module(std::string type_name) : state_(std::make_shared<State>()) {
   state_->type_name = std::move(type_name);
 }
 
+Tensor Module::forward(const Tensor&) {
+  KILN_FAIL("Module::forward",
+            "module {} has no single-input forward: its class does not override `Tensor forward(const Tensor&)`, "
+            "or this is a copy stored as a plain nn::Module, which keeps only the shared state; hold modules by "
+            "value as nn::AnyModule",
+            state_->type_name);
+}
+
 Tensor Module::register_parameter(const std::string& name, Tensor value) {
   check_name(name, "register_parameter");
   KILN_CHECK(value.defined(), "register_parameter", "parameter '{}' is an undefined tensor", name);

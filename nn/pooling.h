@@ -35,8 +35,11 @@ class MaxPool2d : public Module {
  public:
   explicit MaxPool2d(int64_t kernel_size) : MaxPool2d(MaxPool2dOptions(kernel_size)) {}
   explicit MaxPool2d(const MaxPool2dOptions& options);
-  Tensor forward(const Tensor& x) const;
-  MaxPool2dOptions options;
+  Tensor forward(const Tensor& x) override;
+  const MaxPool2dOptions& options() const { return options_; }
+
+ private:
+  MaxPool2dOptions options_;
 };
 
 class AvgPool2dOptions {
@@ -57,8 +60,11 @@ class AvgPool2d : public Module {
  public:
   explicit AvgPool2d(int64_t kernel_size) : AvgPool2d(AvgPool2dOptions(kernel_size)) {}
   explicit AvgPool2d(const AvgPool2dOptions& options);
-  Tensor forward(const Tensor& x) const;
-  AvgPool2dOptions options;
+  Tensor forward(const Tensor& x) override;
+  const AvgPool2dOptions& options() const { return options_; }
+
+ private:
+  AvgPool2dOptions options_;
 };
 
 }  // namespace kiln::nn

@@ -3,12 +3,13 @@
 //   nn::Sequential mlp(nn::Linear(784, 512), nn::ReLU(), nn::Linear(512, 10));
 //   mlp.push_back(nn::Dropout(0.1));
 //   Tensor logits = mlp.forward(x);
+//   Tensor h = mlp[0].forward(x);                  // one step: an nn::AnyModule
 //
-// Any Module-derived type with `Tensor forward(const Tensor&)` can be added; Sequential keeps a
-// handle to it (an alias, as with every Module copy) and calls its forward.
+// Any nn::Layer can be added (a Module-derived type whose forward overrides
+// `Tensor forward(const Tensor&)`); Sequential keeps it as an nn::AnyModule, a handle that
+// aliases the module added, as with every Module copy.
 #pragma once
-#include <concepts>
-#include <functional>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -16,11 +17,6 @@
 #include "nn/module.h"
 
 namespace kiln::nn {
-
-template <typename M>
-concept Layer = std::derived_from<std::decay_t<M>, Module> && requires(std::decay_t<M>& m, const Tensor& x) {
-  { m.forward(x) } -> std::convertible_to<Tensor>;
-};
 
 class Sequential : public Module {
  public:
@@ -31,24 +27,22 @@ class Sequential : public Module {
     (push_back(std::forward<Ms>(layers)), ...);
   }
 
-  template <Layer M> Sequential& push_back(M&& layer) {
-    using Stored = std::decay_t<M>;
-    Stored stored = register_module(std::to_string(steps_->size()), Stored(std::forward<M>(layer)));
-    steps_->push_back([stored](const Tensor& x) mutable { return Tensor(stored.forward(x)); });
+  Sequential& push_back(AnyModule layer) {
+    steps_->push_back(register_module(std::to_string(steps_->size()), std::move(layer)));
     return *this;
   }
 
-  Tensor forward(const Tensor& x) const {
+  Tensor forward(const Tensor& x) override {
     Tensor h = x;
-    for (const auto& step : *steps_) h = step(h);
+    for (AnyModule& step : *steps_) h = step.forward(h);
     return h;
   }
   size_t size() const { return steps_->size(); }
+  AnyModule& operator[](size_t index) const { return steps_->at(index); }
 
  private:
   // Shared so that copies of a Sequential alias one list, like every Module.
-  std::shared_ptr<std::vector<std::function<Tensor(const Tensor&)>>> steps_ =
-      std::make_shared<std::vector<std::function<Tensor(const Tensor&)>>>();
+  std::shared_ptr<std::vector<AnyModule>> steps_ = std::make_shared<std::vector<AnyModule>>();
 };
 
 }  // namespace kiln::nn

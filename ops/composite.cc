@@ -58,26 +58,6 @@ Tensor layer_norm(const Tensor& x, Shape normalized_shape, const Tensor& weight,
   return y;
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_smoothing) {
-  KILN_CHECK(logits.dim() == 2 && labels.dim() == 1 && labels.shape()[0] == logits.shape()[0], "cross_entropy",
-             "needs logits (N, C) and labels (N); got {} and {}", shape_str(logits.shape()), shape_str(labels.shape()));
-  KILN_CHECK(is_integral(labels.dtype()) && labels.dtype() != DType::Bool, "cross_entropy",
-             "labels must be integer class indices, got {}", dtype_name(labels.dtype()));
-  KILN_CHECK(label_smoothing >= 0 && label_smoothing < 1, "cross_entropy", "label_smoothing {} not in [0, 1)",
-             label_smoothing);
-  Tensor logp = log_softmax(logits, 1);
-  Tensor picked = gather(logp, 1, unsqueeze(cast(labels, DType::Int64), 1));  // (N, 1)
-  Tensor nll = -mean(picked);
-  if (label_smoothing == 0) return nll;
-  Tensor uniform = -mean(logp);  // (1/N) sum_n (1/C) sum_c -log p[n, c]
-  return (1.0 - label_smoothing) * nll + label_smoothing * uniform;
-}
-
-Tensor mse_loss(const Tensor& prediction, const Tensor& target) {
-  Tensor d = prediction - target;
-  return mean(d * d);
-}
-
 Tensor dropout(const Tensor& x, double p, bool training) {
   KILN_CHECK(p >= 0 && p < 1, "dropout", "probability {} not in [0, 1)", p);
   if (!training || p == 0) return x;

@@ -112,5 +112,9 @@ Tensor operator*(double a, const Tensor& b) { return mul(scalar_like(a, b), b); 
 Tensor operator/(double a, const Tensor& b) { return div(scalar_like(a, b), b); }
 Tensor operator<(const Tensor& a, const Tensor& b) { return lt(a, b); }
 Tensor operator>(const Tensor& a, const Tensor& b) { return gt(a, b); }
+Tensor operator<=(const Tensor& a, const Tensor& b) { return le(a, b); }
+Tensor operator>=(const Tensor& a, const Tensor& b) { return ge(a, b); }
+Tensor operator==(const Tensor& a, const Tensor& b) { return eq(a, b); }
+Tensor operator!=(const Tensor& a, const Tensor& b) { return ne(a, b); }
 
 }  // namespace kiln

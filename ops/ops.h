@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/loss.h"  // cross_entropy, mse_loss, ... and their options
 
 namespace kiln {
 
@@ -85,8 +86,13 @@ Tensor operator+(double a, const Tensor& b);
 Tensor operator-(double a, const Tensor& b);
 Tensor operator*(double a, const Tensor& b);
 Tensor operator/(double a, const Tensor& b);
+// Comparisons give Bool tensors, as lt/le/gt/ge/eq/ne; no gradient flows back through them.
 Tensor operator<(const Tensor& a, const Tensor& b);
 Tensor operator>(const Tensor& a, const Tensor& b);
+Tensor operator<=(const Tensor& a, const Tensor& b);
+Tensor operator>=(const Tensor& a, const Tensor& b);
+Tensor operator==(const Tensor& a, const Tensor& b);
+Tensor operator!=(const Tensor& a, const Tensor& b);
 
 // ---- movement (views) ----
 Tensor reshape(const Tensor& a, Shape shape);  // one -1 allowed
@@ -142,9 +148,6 @@ Tensor logsumexp(const Tensor& x, std::vector<int64_t> axes, bool keepdim = fals
 // Normalizes over the trailing dims of `normalized_shape`; weight/bias optional (undefined).
 Tensor layer_norm(const Tensor& x, Shape normalized_shape, const Tensor& weight = {},
                   const Tensor& bias = {}, double eps = 1e-5);
-// Mean cross entropy of logits (N, C) against integer labels (N); label_smoothing in [0, 1).
-Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_smoothing = 0.0);
-Tensor mse_loss(const Tensor& prediction, const Tensor& target);
 // Zeroes elements with probability p and scales the rest by 1/(1-p) when `training`.
 Tensor dropout(const Tensor& x, double p, bool training = true);
 

@@ -7,6 +7,6 @@
 #include "optim/adam.h"
 #include "optim/clip.h"
 #include "optim/optimizer.h"
-#include "optim/schedule.h"
+#include "optim/lr_schedule.h"
 #include "optim/serialize.h"
 #include "optim/sgd.h"

@@ -31,13 +31,13 @@ void Optimizer::resize_state() {
   for (size_t g = 0; g < group_count(); ++g) state_[g].resize(group_params(g).size());
 }
 
-void Optimizer::step(std::initializer_list<Tensor> outputs) {
+void Optimizer::step_outputs(std::vector<Tensor> outputs) {
   std::vector<Tensor> grads;
   for (const Tensor& p : parameters()) grads.push_back(p.grad());
-  apply(std::move(grads), outputs);
+  apply(std::move(grads), std::move(outputs));
 }
 
-void Optimizer::step(const Tensor& loss, std::initializer_list<Tensor> outputs) {
+void Optimizer::step_loss(const Tensor& loss, std::vector<Tensor> outputs) {
   KILN_CHECK(loss.defined() && loss.numel() == 1, "optim::step", "the loss must be a single value, got {}",
              loss.defined() ? loss.str() : std::string("an undefined tensor"));
   std::vector<Tensor> params = parameters();

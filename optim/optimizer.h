@@ -6,6 +6,7 @@
 //   opt.zero_grad(); loss.backward(); opt.step();   // PyTorch style: uses p.grad()
 //   opt.step(loss);                                  // Jittor style: takes the gradients itself
 //   opt.step(loss, {correct});                       // + other values computed in the same plan
+//   opt.step(loss, metrics);                         // ... from any range of tensors (vector, span, view)
 //   opt.set_lr(0.01);                                // every group; no recompile (lr is bound at run time)
 //   auto state = opt.state();                        // {"0.3.momentum_buffer": Tensor, ...}
 //   opt.sync_with_step(net.buffers());               // BatchNorm running stats realized with each step
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <map>
+#include <ranges>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,11 @@ struct ParamState {
   std::map<std::string, Tensor> tensors;
   int64_t step = 0;
 };
+
+// Any range whose elements convert to Tensor: std::vector<Tensor>, std::span<const Tensor>,
+// std::array, a view over a model's parameters, ...
+template <typename R>
+concept TensorRange = std::ranges::input_range<R> && std::convertible_to<std::ranges::range_reference_t<R>, Tensor>;
 
 // A group's hyperparameters by name ("lr", "momentum", ...; booleans as 0 or 1).
 using Hyperparameters = std::map<std::string, double>;
@@ -48,11 +55,17 @@ class Optimizer {
   // them from being updated in place, and computing it after the step runs its part of the
   // forward again. Compute metrics from detached values: one that autograd could still go
   // through counts as pending history too.
-  void step(std::initializer_list<Tensor> outputs = {});
+  void step(std::initializer_list<Tensor> outputs = {}) { step_outputs({outputs.begin(), outputs.end()}); }
+  template <TensorRange R> void step(R&& outputs) { step_outputs(to_tensors(std::forward<R>(outputs))); }
   // Computes d(loss)/d(params) itself (kiln::grad; p.grad() is neither read nor written) and
   // updates every parameter, running loss, gradients, updates and `outputs` as one plan. The
   // graph behind `loss` is consumed; loss.item() afterwards is free.
-  void step(const Tensor& loss, std::initializer_list<Tensor> outputs = {});
+  void step(const Tensor& loss, std::initializer_list<Tensor> outputs = {}) {
+    step_loss(loss, {outputs.begin(), outputs.end()});
+  }
+  template <TensorRange R> void step(const Tensor& loss, R&& outputs) {
+    step_loss(loss, to_tensors(std::forward<R>(outputs)));
+  }
 
   // The learning rate: set_lr sets every group's; lr() reads group 0's.
   void set_lr(double lr);
@@ -95,6 +108,13 @@ class Optimizer {
   void resize_state();
 
  private:
+  template <TensorRange R> static std::vector<Tensor> to_tensors(R&& range) {
+    std::vector<Tensor> out;
+    for (auto&& t : range) out.push_back(Tensor(t));
+    return out;
+  }
+  void step_outputs(std::vector<Tensor> outputs);
+  void step_loss(const Tensor& loss, std::vector<Tensor> outputs);
   void apply(std::vector<Tensor> grads, std::vector<Tensor> extra);
   std::vector<std::vector<ParamState>> state_;  // [group][index]
   std::vector<Tensor> synced_with_step_;

@@ -11,7 +11,7 @@ struct Mlp : nn::Module {
   nn::Linear fc1 = register_module("fc1", nn::Linear(784, 512));
   nn::Linear fc2 = register_module("fc2", nn::Linear(512, 512));
   nn::Linear fc3 = register_module("fc3", nn::Linear(512, 10));
-  Tensor forward(const Tensor& x) {  // x: (B, 784) -> logits (B, 10)
+  Tensor forward(const Tensor& x) override {  // x: (B, 784) -> logits (B, 10)
     return fc3.forward(relu(fc2.forward(relu(fc1.forward(x)))));
   }
 };
@@ -24,7 +24,7 @@ struct Cnn : nn::Module {
   nn::MaxPool2d pool = register_module("pool", nn::MaxPool2d(2));
   nn::Linear fc1 = register_module("fc1", nn::Linear(64 * 7 * 7, 128));
   nn::Linear fc2 = register_module("fc2", nn::Linear(128, 10));
-  Tensor forward(const Tensor& x) {  // x: (B, 784) -> logits (B, 10)
+  Tensor forward(const Tensor& x) override {  // x: (B, 784) -> logits (B, 10)
     Tensor h = x.reshape({x.size(0), 1, 28, 28});
     h = pool.forward(relu(conv1.forward(h)));  // (B, 32, 14, 14)
     h = pool.forward(relu(conv2.forward(h)));  // (B, 64, 7, 7)

@@ -34,7 +34,7 @@
 #include <iostream>
 
 namespace nn = kiln::nn;
-namespace data = kiln::data;
+namespace data = kiln::nn::data;
 using kiln::Tensor;
 
 using kiln::samples::Cnn;
@@ -53,8 +53,7 @@ static std::string optimizer_path(const std::string& model_path) {
   return model_path + ".optim.safetensors";
 }
 
-template <typename Model>
-static double evaluate(Model& model, const data::Dataset& test, kiln::Device device) {
+static double evaluate(nn::Module& model, const data::Dataset& test, kiln::Device device) {
   kiln::NoGradGuard no_grad;
   model.eval();
   data::DataLoader loader(test, data::DataLoaderOptions(1000));
@@ -86,12 +85,12 @@ struct Settings {
   uint64_t seed = 0;
 };
 
-template <typename Model>
 static void fit(const Settings& settings, const data::Dataset& train_set, const data::Dataset& test) {
   const auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir,
                seed] = settings;
   const kiln::Device run_on = device == "cuda" ? kiln::Device::cuda(0) : kiln::Device::cpu();
-  Model model;
+  // Either model, held by value as "any module": forward dispatches to Mlp's or Cnn's.
+  nn::AnyModule model = model_name == "cnn" ? nn::AnyModule(Cnn()) : nn::AnyModule(Mlp());
   model.to(run_on);  // before the optimizer: its momentum buffers are made on the parameters' device
   std::cout << model << "\n";
   kiln::optim::SGD optimizer(model.parameters(), kiln::optim::SGDOptions(lr).momentum(0.9));
@@ -193,8 +192,7 @@ int main(int argc, char** argv) {
     data::FashionMnist train(data_dir, data::Split::Train, normalized);
     data::FashionMnist test(data_dir, data::Split::Test, normalized);
 
-    if (model_name == "cnn") fit<Cnn>(s, train, test);
-    else fit<Mlp>(s, train, test);
+    fit(s, train, test);
     const auto& jit = kiln::jit::stats();
     fmt::print("jit: {} kernels compiled, {} plan cache hits, {:.2f} s compiling\n", jit.kernels_compiled,
                jit.plan_cache_hits, jit.compile_seconds);

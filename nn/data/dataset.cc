@@ -12,7 +12,7 @@
 
 #include "ops/ops.h"
 
-namespace kiln::data {
+namespace kiln::nn::data {
 
 namespace {
 
@@ -254,4 +254,4 @@ DataLoader::Iterator& DataLoader::Iterator::operator++() {
   return *this;
 }
 
-}  // namespace kiln::data
+}  // namespace kiln::nn::data

@@ -1,9 +1,9 @@
 // Datasets and the DataLoader that turns one into shuffled batches of realized tensors.
 //
-//   kiln::data::FashionMnist train(kiln::data::default_fashion_mnist_dir(), kiln::data::Split::Train);
-//   kiln::data::DataLoader loader(train, kiln::data::DataLoaderOptions(128).seed(42));
+//   kiln::nn::data::FashionMnist train(kiln::nn::data::default_fashion_mnist_dir(), kiln::nn::data::Split::Train);
+//   kiln::nn::data::DataLoader loader(train, kiln::nn::data::DataLoaderOptions(128).seed(42));
 //   for (int epoch = 0; epoch < 3; ++epoch)
-//     for (kiln::data::Batch& b : loader) {   // each range-for is one epoch, reshuffled from (seed, epoch)
+//     for (kiln::nn::data::Batch& b : loader) {   // each range-for is one epoch, reshuffled from (seed, epoch)
 //       Tensor loss = kiln::cross_entropy(model.forward(b.input), b.target);  // input (B, 784) f32, target (B) i64
 //       ...
 //     }
@@ -18,7 +18,7 @@
 
 #include "core/tensor.h"
 
-namespace kiln::data {
+namespace kiln::nn::data {
 
 // One example as realized tensors: input (input_shape()) float32, target (target_shape()) int64.
 struct Example {
@@ -137,4 +137,4 @@ class DataLoader {
   std::unique_ptr<EpochRun> run_;
 };
 
-}  // namespace kiln::data
+}  // namespace kiln::nn::data

@@ -13,7 +13,7 @@
 
 #include "core/flags.h"
 
-namespace kiln::data {
+namespace kiln::nn::data {
 
 namespace {
 
@@ -178,4 +178,4 @@ const char* FashionMnist::class_name(int64_t label) {
   return names[label];
 }
 
-}  // namespace kiln::data
+}  // namespace kiln::nn::data

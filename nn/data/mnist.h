@@ -1,7 +1,7 @@
 // IDX files (the MNIST family's format) and the Fashion-MNIST dataset installed by Debian's
 // `dataset-fashion-mnist` package.
 //
-//   using namespace kiln::data;
+//   using namespace kiln::nn::data;
 //   FashionMnist train(default_fashion_mnist_dir(), Split::Train);               // 60000 x (784)
 //   FashionMnist test(dir, Split::Test, FashionMnistOptions().image_shape().normalize());  // (1, 28, 28)
 //   DataLoader loader(train, DataLoaderOptions(128).seed(1));
@@ -15,7 +15,7 @@
 
 #include "nn/data/dataset.h"
 
-namespace kiln::data {
+namespace kiln::nn::data {
 
 // An IDX array of unsigned bytes (type code 0x08): magic 0x0000 08 <ndim>, ndim big-endian uint32
 // dims, then the data row-major.
@@ -73,4 +73,4 @@ std::string default_fashion_mnist_dir();
 // The image and label file stems of a split ("train-images-idx3-ubyte", ...), without .gz.
 std::vector<std::string> fashion_mnist_files(Split split);
 
-}  // namespace kiln::data
+}  // namespace kiln::nn::data

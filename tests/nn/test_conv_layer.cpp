@@ -18,7 +18,7 @@ TEST_CASE("Conv2d has PyTorch's parameters, initialization and options", "[nn][c
   double bound = 1.0 / std::sqrt(12.0);
   for (float v : conv.weight.to_vector<float>()) CHECK(std::abs(v) <= bound + 1e-6);
   for (float v : conv.bias.to_vector<float>()) CHECK(std::abs(v) <= bound + 1e-6);
-  CHECK(conv.options.stride() == nn::Size2{2, 2});
+  CHECK(conv.options().stride() == nn::Size2{2, 2});
   CHECK(conv.to_string().find("groups=2") != std::string::npos);
 
   Tensor x = randn({2, 4, 7, 5});

@@ -170,7 +170,7 @@ TEST_CASE("BatchNorm2d normalizes per channel over N, H, W", "[nn][batchnorm]") 
 
 TEST_CASE("gradient of BatchNorm2d in training mode", "[nn][batchnorm][gradcheck]") {
   nn::BatchNorm2d bn(nn::BatchNorm2dOptions(2).track_running_stats(false));
-  auto f = [bn](const std::vector<Tensor>& v) { return bn.forward(v[0]); };
+  auto f = [bn](const std::vector<Tensor>& v) mutable { return bn.forward(v[0]); };
   auto result = kiln::testing::gradcheck(f, {kiln::testing::uniform({2, 2, 2, 3}, -2, 2, 600)});
   INFO(result.report);
   CHECK(result.ok);
@@ -226,9 +226,18 @@ TEST_CASE("losses match closed forms", "[nn]") {
       double target = (c == (n == 0 ? 0 : 2) ? 0.9 : 0.0) + 0.1 / 3;
       smooth += target * (lse(n) - lg[n * 3 + c]);
     }
-  CHECK(nn::cross_entropy(logits, labels, {.label_smoothing = 0.1}).item() == Approx(smooth / 2));
-  CHECK(nn::cross_entropy(logits, labels, {.label_smoothing = 0.1, .reduction = nn::Reduction::Sum}).item() ==
-        Approx(smooth));
+  CHECK(nn::cross_entropy(logits, labels, nn::CrossEntropyOptions().label_smoothing(0.1)).item() ==
+        Approx(smooth / 2));
+  CHECK(nn::cross_entropy(logits, labels, nn::CrossEntropyOptions().label_smoothing(0.1).reduction(nn::Reduction::Sum))
+            .item() == Approx(smooth));
+  // Reduction::None: one loss per row (N), without and with smoothing.
+  auto rows = nn::cross_entropy(logits, labels, nn::CrossEntropyOptions().reduction(nn::Reduction::None));
+  REQUIRE(rows.shape() == Shape{2});
+  CHECK(rows.to_vector<double>()[0] == Approx(lse(0) - lg[0]));
+  CHECK(rows.to_vector<double>()[1] == Approx(lse(1) - lg[5]));
+  auto smooth_rows = nn::cross_entropy(
+      logits, labels, nn::CrossEntropyOptions().label_smoothing(0.1).reduction(nn::Reduction::None));
+  CHECK(kiln::sum(smooth_rows).item() == Approx(smooth));
   CHECK(nn::nll_loss(log_softmax(logits, 1), labels).item() == Approx(ce));
   auto per = nn::nll_loss(log_softmax(logits, 1), labels, nn::Reduction::None).to_vector<double>();
   CHECK(per[1] == Approx(lse(1) - lg[5]));

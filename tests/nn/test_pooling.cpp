@@ -303,12 +303,12 @@ TEST_CASE("MaxPool2d and AvgPool2d modules", "[pooling][nn]") {
   Tensor x = randn({2, 3, 6, 6});
   nn::MaxPool2d pool(2);
   CHECK(pool.parameters().empty());
-  CHECK(pool.options.kernel_size() == Pair{2, 2});
+  CHECK(pool.options().kernel_size() == Pair{2, 2});
   CHECK_THAT(pool.to_string(), Catch::Contains("MaxPool2d(kernel_size=(2, 2), stride=(2, 2)"));
   CHECK(pool.forward(x).to_vector<float>() == max_pool2d(x, {2, 2}).to_vector<float>());
 
   nn::MaxPool2d overlapping(nn::MaxPool2dOptions(3).stride(2).padding(1).ceil_mode(true));
-  CHECK(overlapping.options.stride() == Pair{2, 2});
+  CHECK(overlapping.options().stride() == Pair{2, 2});
   CHECK(overlapping.forward(x).to_vector<float>() ==
         max_pool2d(x, {3, 3}, {2, 2}, {1, 1}, {1, 1}, true).to_vector<float>());
   nn::MaxPool2d rectangular(nn::MaxPool2dOptions({2, 3}).stride({1, 2}).dilation({2, 1}));

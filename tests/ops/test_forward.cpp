@@ -109,6 +109,33 @@ TEST_CASE("comparisons and logical ops give bool", "[forward][elementwise][dtype
   CHECK(kiln::ge(i32({-3, 0, 7}, {3}), kiln::scalar(0, DType::Int32)).to_vector<bool>() == std::vector<bool>{0, 1, 1});
 }
 
+TEST_CASE("comparison operators <=, >=, == and != match le, ge, eq and ne", "[forward][elementwise][dtype]") {
+  // Mixed equal and unequal pairs, a broadcast row and integers: every operator against its
+  // named op and against the expected truth table.
+  Tensor a = f32({1, 2, 3, 4}), b = f32({4, 2, 1, 4});
+  std::vector<Tensor> outs = {a <= b, a >= b, a == b, a != b};
+  kiln::sync(outs);
+  std::vector<std::vector<bool>> want = {{1, 1, 0, 1}, {0, 1, 1, 1}, {0, 1, 0, 1}, {1, 0, 1, 0}};
+  for (size_t i = 0; i < outs.size(); ++i) {
+    CAPTURE(i);
+    CHECK(outs[i].dtype() == DType::Bool);
+    CHECK(outs[i].to_vector<bool>() == want[i]);
+  }
+  Tensor m = f32({1, 5, 3, 2, 2, 7}, {2, 3}), row = f32({2, 5, 3}, {3});  // (2, 3) against (3)
+  CHECK((m <= row).to_vector<bool>() == kiln::le(m, row).to_vector<bool>());
+  CHECK((m >= row).to_vector<bool>() == std::vector<bool>{0, 1, 1, 1, 0, 1});
+  CHECK((m == row).to_vector<bool>() == std::vector<bool>{0, 1, 1, 1, 0, 0});
+  CHECK((m != row).to_vector<bool>() == std::vector<bool>{1, 0, 0, 0, 1, 1});
+  Tensor ints = i64({-1, 0, 7}, {3}), zero = kiln::scalar(0, DType::Int64);
+  CHECK((ints == zero).to_vector<bool>() == std::vector<bool>{0, 1, 0});
+  CHECK((ints != zero).to_vector<bool>() == std::vector<bool>{1, 0, 1});
+  CHECK((ints <= zero).to_vector<bool>() == std::vector<bool>{1, 1, 0});
+  CHECK((ints >= zero).to_vector<bool>() == std::vector<bool>{0, 1, 1});
+  // Operands that need gradients compare the same (the comparison passes no gradient back).
+  Tensor w = f32({0.5, -1}, {2}).requires_grad_();
+  CHECK((w >= kiln::zeros_like(w)).to_vector<bool>() == std::vector<bool>{1, 0});
+}
+
 TEST_CASE("integer arithmetic and dtype promotion", "[forward][elementwise][dtype]") {
   Tensor a = i32({7, -7, 3, 100000}, {4}), b = i32({2, 2, -4, 3}, {4});
   Tensor sum = a + b, prod = a * b, diff = a - b, q = a / b, neg = -a, mag = kiln::abs(a);
@@ -499,7 +526,8 @@ TEST_CASE("softmax, log_softmax, layer_norm and losses", "[forward][composite]")
   double nll = -(lsm[2] + lsm[3] + lsm[7]) / 3, uniform = 0;
   for (double v : lsm) uniform -= v / 9;
   check_close(kiln::cross_entropy(t, labels), {nll});
-  check_close(kiln::cross_entropy(t, labels, 0.2), {0.8 * nll + 0.2 * uniform});
+  check_close(kiln::cross_entropy(t, labels, kiln::CrossEntropyOptions().label_smoothing(0.2)),
+              {0.8 * nll + 0.2 * uniform});
   check_close(kiln::cross_entropy(t, i32({2, 0, 1}, {3})), {nll});
   CHECK(kiln::cross_entropy(t, labels).dim() == 0);
   check_close(kiln::mse_loss(f32({1, 2, 3}), f32({1.5, 2, 1})), {(0.25 + 0 + 4) / 3});

@@ -389,11 +389,25 @@ TEST_CASE("gradients of losses", "[gradcheck][composite]") {
   CHECK_GRADIENTS([labels32](const Inputs& v) { return kiln::cross_entropy(v[0], labels32); }, {logits});
   for (double smoothing : {0.1, 0.5}) {
     CAPTURE(smoothing);
-    CHECK_GRADIENTS([labels, smoothing](const Inputs& v) { return kiln::cross_entropy(v[0], labels, smoothing); },
-                    {logits});
+    CHECK_GRADIENTS(
+        [labels, smoothing](const Inputs& v) {
+          return kiln::cross_entropy(v[0], labels, kiln::CrossEntropyOptions().label_smoothing(smoothing));
+        },
+        {logits});
   }
-  CHECK_GRADIENTS([labels](const Inputs& v) { return kiln::cross_entropy(v[0].t(), labels, 0.2); },
-                  {uniform({3, 4}, -2, 2, 241)});
+  CHECK_GRADIENTS(
+      [labels](const Inputs& v) {
+        return kiln::cross_entropy(v[0].t(), labels, kiln::CrossEntropyOptions().label_smoothing(0.2));
+      },
+      {uniform({3, 4}, -2, 2, 241)});
+  // The per-row form (Reduction::None), weighted so that each row's gradient is checked apart.
+  Tensor row_weights = uniform({4}, 0.5, 2, 244);
+  CHECK_GRADIENTS(
+      [labels, row_weights](const Inputs& v) {
+        auto options = kiln::CrossEntropyOptions().label_smoothing(0.3).reduction(kiln::Reduction::None);
+        return kiln::sum(kiln::cross_entropy(v[0], labels, options) * row_weights);
+      },
+      {logits});
   CHECK_GRADIENTS([](const Inputs& v) { return kiln::mse_loss(v[0], v[1]); }, {logits, uniform({4, 3}, -2, 2, 242)});
   CHECK_GRADIENTS([](const Inputs& v) { return kiln::mse_loss(v[0] * v[0], v[1].t()); },
                   {logits, uniform({3, 4}, -2, 2, 243)});
@@ -405,7 +419,7 @@ TEST_CASE("gradients reach every input of a small network", "[gradcheck][composi
     Tensor h = kiln::gelu(kiln::matmul(v[0], v[1]) + v[2]);
     h = kiln::layer_norm(h, {5});
     Tensor logits = kiln::matmul(h, v[3]);
-    return kiln::cross_entropy(logits, index64({1, 0, 1}, {3}), 0.1);
+    return kiln::cross_entropy(logits, index64({1, 0, 1}, {3}), kiln::CrossEntropyOptions().label_smoothing(0.1));
   };
   CHECK_GRADIENTS(net, {uniform({3, 4}, -1, 1, 250), uniform({4, 5}, -1, 1, 251), uniform({5}, -0.5, 0.5, 252),
                         uniform({5, 2}, -1, 1, 253)});

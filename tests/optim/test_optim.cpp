@@ -3,8 +3,11 @@
 #include <catch2/catch.hpp>
 #include <kiln/kiln.h>
 
+#include <array>
 #include <cmath>
 #include <functional>
+#include <span>
+#include <vector>
 
 #include "../support/mlp.h"
 
@@ -407,4 +410,45 @@ TEST_CASE("optim: a training step replays from the plan cache and updates in pla
       CHECK(params[i].data() == buffers[i]);
     }
   }
+}
+
+TEST_CASE("step takes its outputs from any range of tensors", "[optim]") {
+  // The same update from a braced list, a std::vector, a std::array and a std::span; every
+  // output is realized by the step.
+  auto run = [](auto make_outputs, bool with_loss) {
+    Tensor p = from_vector<float>({1, -2, 3}, {3}).requires_grad_();
+    SGD opt({p}, SGDOptions(0.1));
+    Tensor loss = sum(p * p);
+    Tensor metric = sum(abs(p.detach())), other = mean(p.detach());
+    auto outputs = make_outputs(metric, other);
+    if (with_loss) {
+      opt.step(loss, outputs);
+    } else {
+      loss.backward();
+      opt.step(outputs);
+    }
+    CHECK(metric.is_realized());
+    CHECK(other.is_realized());
+    CHECK(metric.item() == Approx(6.0));
+    return p.to_vector<float>();
+  };
+  auto vector = [](Tensor a, Tensor b) { return std::vector<Tensor>{a, b}; };
+  auto array = [](Tensor a, Tensor b) { return std::array<Tensor, 2>{a, b}; };
+  std::vector<Tensor> storage;
+  auto span = [&storage](Tensor a, Tensor b) {
+    storage = {a, b};
+    return std::span<const Tensor>(storage);
+  };
+  const std::vector<float> want{0.8f, -1.6f, 2.4f};  // p - 0.1 * 2p
+  for (bool with_loss : {true, false}) {
+    CAPTURE(with_loss);
+    CHECK(run(vector, with_loss) == want);
+    CHECK(run(array, with_loss) == want);
+    CHECK(run(span, with_loss) == want);
+  }
+  Tensor p = from_vector<float>({1}, {1}).requires_grad_();
+  SGD opt({p}, SGDOptions(0.5));
+  Tensor done = sum(p.detach() * 2.0);
+  opt.step(sum(p * p), {done});  // the braced list still works
+  CHECK(done.item() == Approx(2.0));
 }

@@ -194,7 +194,8 @@ TEST_CASE("CUDA composites match the CPU: softmax, layer norm, losses, pooling",
   Tensor gamma = normal({100}), beta = normal({100}), img = normal({2, 3, 9, 9});
   compare("composites", {x, labels, gamma, beta, img}, [](auto& v) {
     return std::vector<Tensor>{softmax(v[0]), log_softmax(v[0], 0), layer_norm(v[0], {100}, v[2], v[3]),
-                               cross_entropy(v[0], v[1], 0.1), mse_loss(v[0], v[0] * 0.5),
+                               cross_entropy(v[0], v[1], CrossEntropyOptions().label_smoothing(0.1)),
+                               mse_loss(v[0], v[0] * 0.5),
                                max_pool2d(v[4], {2, 2}), avg_pool2d(v[4], {3, 3}, {2, 2}, {1, 1}),
                                max_pool2d(v[4], {3, 3}, {2, 2}, {1, 1}, {1, 1}, true)};
   });

@@ -290,7 +290,8 @@ void composite_graphs(CudaCompileCheck& check) {
     Tensor w = input({80}, DType::Float32, 0.01, 0.0).requires_grad_();
     Tensor b = input({80}, DType::Float32, 0.02, 0.1).requires_grad_();
     Tensor y = layer_norm(x, {80}, w, b);
-    Tensor loss = cross_entropy(y, labels(12, 80), 0.1) + sum(softmax(x) * gelu(x)) + mean(silu(x));
+    Tensor loss = cross_entropy(y, labels(12, 80), CrossEntropyOptions().label_smoothing(0.1)) +
+                  sum(softmax(x) * gelu(x)) + mean(silu(x));
     std::vector<Tensor> outputs = grad(loss, {x, w, b});
     outputs.push_back(loss);
     return outputs;

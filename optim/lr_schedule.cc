@@ -1,5 +1,5 @@
-// Learning-rate schedules: see schedule.h for the sequences.
-#include "optim/schedule.h"
+// Learning-rate schedules: see lr_schedule.h for the sequences.
+#include "optim/lr_schedule.h"
 
 #include <algorithm>
 #include <cmath>

@@ -25,7 +25,7 @@
 namespace fs = std::filesystem;
 using Catch::Contains;
 using kiln::Tensor;
-using namespace kiln::data;
+using namespace kiln::nn::data;
 
 namespace {
 

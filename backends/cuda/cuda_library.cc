@@ -51,7 +51,7 @@ std::string describe_matmul(int device, DType t, const int64_t a_strides[3], con
                      b_strides[0], b_strides[1], b_strides[2]);
 }
 
-std::string describe_conv(int device, onednn::ConvPass pass, DType t, const onednn::ConvGeometry& g) {
+std::string describe_conv(int device, ConvPass pass, DType t, const ConvGeometry& g) {
   static constexpr std::string_view kPass[] = {"forward", "backward data", "backward weight"};
   const int64_t group_channels = g.groups > 0 ? g.C / g.groups : 0;
   return fmt::format("{} {} on cuda:{}: x ({}, {}, {}, {}), weight ({}, {}, {}, {}) -> ({}, {}, {}, {}), "
@@ -488,8 +488,8 @@ void choose_algorithms(ConvPlan& plan, const Perf* perf, int count, bool fma_onl
 }
 
 template <class Describe>
-std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t handle, onednn::ConvPass pass, DType t, bool tf32,
-                                         const onednn::ConvGeometry& g, const Describe& describe) {
+std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t handle, ConvPass pass, DType t, bool tf32,
+                                         const ConvGeometry& g, const Describe& describe) {
   auto plan = std::make_unique<ConvPlan>();
   const cudnnDataType_t type = cudnn_type(t);
   const auto i = [](int64_t v) { return static_cast<int>(v); };
@@ -525,7 +525,7 @@ std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t handle, onednn::ConvPass 
 
   int found = 0;
   switch (pass) {
-    case onednn::ConvPass::Forward: {
+    case ConvPass::Forward: {
       cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT] = {};
       check_cudnn(cudnnGetConvolutionForwardAlgorithm_v7(handle, plan->x, plan->w, plan->conv, plan->y,
                                                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf),
@@ -535,7 +535,7 @@ std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t handle, onednn::ConvPass 
       }, describe);
       break;
     }
-    case onednn::ConvPass::BackwardData: {
+    case ConvPass::BackwardData: {
       cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT] = {};
       check_cudnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, plan->w, plan->y, plan->conv, plan->x,
                                                               CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf),
@@ -546,7 +546,7 @@ std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t handle, onednn::ConvPass 
       }, describe);
       break;
     }
-    case onednn::ConvPass::BackwardWeight: {
+    case ConvPass::BackwardWeight: {
       cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT] = {};
       check_cudnn(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, plan->x, plan->y, plan->conv, plan->w,
                                                                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found,
@@ -562,7 +562,7 @@ std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t handle, onednn::ConvPass 
   return plan;
 }
 
-void run_conv(int device, onednn::ConvPass pass, DType t, const onednn::ConvGeometry& g, const void* a,
+void run_conv(int device, ConvPass pass, DType t, const ConvGeometry& g, const void* a,
               const void* b, void* out) {
   auto describe = [&] { return describe_conv(device, pass, t, g); };
   check_cuda(cudaSetDevice(device), kConvOp, "cudaSetDevice", describe);
@@ -597,19 +597,19 @@ void run_conv(int device, onednn::ConvPass pass, DType t, const onednn::ConvGeom
     cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
     const char* call = "";
     switch (pass) {
-      case onednn::ConvPass::Forward:  // a = x, b = w, out = y
+      case ConvPass::Forward:  // a = x, b = w, out = y
         call = "cudnnConvolutionForward";
         status = cudnnConvolutionForward(handle, &one, plan.x, a, plan.w, b, plan.conv,
                                          static_cast<cudnnConvolutionFwdAlgo_t>(choice.algo), space, bytes, &zero,
                                          plan.y, out);
         break;
-      case onednn::ConvPass::BackwardData:  // a = dy, b = w, out = dx
+      case ConvPass::BackwardData:  // a = dy, b = w, out = dx
         call = "cudnnConvolutionBackwardData";
         status = cudnnConvolutionBackwardData(handle, &one, plan.w, b, plan.y, a, plan.conv,
                                               static_cast<cudnnConvolutionBwdDataAlgo_t>(choice.algo), space, bytes,
                                               &zero, plan.x, out);
         break;
-      case onednn::ConvPass::BackwardWeight:  // a = x, b = dy, out = dw
+      case ConvPass::BackwardWeight:  // a = x, b = dy, out = dw
         call = "cudnnConvolutionBackwardFilter";
         status = cudnnConvolutionBackwardFilter(handle, &one, plan.x, a, plan.y, b, plan.conv,
                                                 static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algo), space,
@@ -662,7 +662,7 @@ void matmul(int device, DType t, const void* a, const int64_t a_strides[3], cons
 #endif
 }
 
-void conv2d(int device, onednn::ConvPass pass, DType t, const onednn::ConvGeometry& g, const void* a,
+void conv2d(int device, ConvPass pass, DType t, const ConvGeometry& g, const void* a,
             const void* b, void* out) {
   KILN_CHECK(is_conv_dtype(t), kConvOp, "CUDA convolution takes float32, float16 or bfloat16, got {}; check "
              "cuda_library::supports_conv first", dtype_name(t));
@@ -677,9 +677,9 @@ void conv2d(int device, onednn::ConvPass pass, DType t, const onednn::ConvGeomet
              "counts; {}", INT_MAX, describe_conv(device, pass, t, g));
   check_library_device(device, kConvOp);
   if (g.N == 0 || g.C == 0 || g.OC == 0 || g.OH == 0 || g.OW == 0) {  // cuDNN rejects empty tensors
-    const int64_t numel = pass == onednn::ConvPass::Forward        ? g.N * g.OC * g.OH * g.OW
-                          : pass == onednn::ConvPass::BackwardData ? g.N * g.C * g.H * g.W
-                                                                   : g.OC * (g.C / g.groups) * g.KH * g.KW;
+    const int64_t numel = pass == ConvPass::Forward        ? g.N * g.OC * g.OH * g.OW
+                          : pass == ConvPass::BackwardData ? g.N * g.C * g.H * g.W
+                                                           : g.OC * (g.C / g.groups) * g.KH * g.KW;
     if (numel > 0) cuda::fill_bytes(device, out, 0, static_cast<size_t>(numel) * dtype_size(t));  // empty sums
     return;
   }

@@ -7,13 +7,13 @@
 //     int64_t b_strides[3] = {K * N, 1, K};   // each (K, N) matrix stored transposed
 //     kiln::cuda_library::matmul(0, DType::Float16, a, a_strides, b, b_strides, c, batch, M, K, N);
 //   }
-//   kiln::cuda_library::conv2d(0, onednn::ConvPass::Forward, DType::Float32, g, x, w, y);
+//   kiln::cuda_library::conv2d(0, ConvPass::Forward, DType::Float32, g, x, w, y);
 //   kiln::cuda::synchronize(0);               // or copy_to_host, which waits too
 #pragma once
 #include <cstdint>
 
 #include "core/dtype.h"
-#include "backends/cpu/conv_onednn.h"
+#include "ops/conv_geometry.h"
 
 namespace kiln::cuda_library {
 
@@ -37,10 +37,10 @@ void matmul(int device, DType t, const void* a, const int64_t a_strides[3], cons
             const int64_t b_strides[3], void* c, int64_t batch, int64_t M, int64_t K, int64_t N);
 
 // Runs one pass of onednn::conv2d's contract on cuda:device: a, b and out are contiguous device
-// buffers in the layouts backends/cpu/conv_onednn.h documents; out is overwritten.
+// buffers in the layouts ops/conv_geometry.h documents; out is overwritten.
 // Throws kiln::Error for unsupported dtypes, a geometry cuDNN refuses, no usable device, or a
 // CUDA / cuDNN failure while queueing.
-void conv2d(int device, onednn::ConvPass pass, DType t, const onednn::ConvGeometry& g, const void* a,
+void conv2d(int device, ConvPass pass, DType t, const ConvGeometry& g, const void* a,
             const void* b, void* out);
 
 }  // namespace kiln::cuda_library

@@ -25,8 +25,8 @@
 
 using kiln::DType;
 using namespace kiln::test;
-using kiln::onednn::ConvGeometry;
-using kiln::onednn::ConvPass;
+using kiln::ConvGeometry;
+using kiln::ConvPass;
 
 namespace {
 
@@ -225,7 +225,7 @@ void check_conv(ConvPass pass, DType t, const ConvGeometry& g, double tol) {
        << " padding " << g.padding[0] << "," << g.padding[1] << " dilation " << g.dilation[0] << ","
        << g.dilation[1] << " groups " << g.groups << " -> " << g.OH << "x" << g.OW);
   std::mt19937 rng(static_cast<unsigned>(g.N * 7919 + g.C * 104729 + g.OC * 31 + g.groups));
-  // (a, b, out) element counts by pass, as backends/cpu/conv_onednn.h assigns the buffers.
+  // (a, b, out) element counts by pass, as ops/conv_geometry.h assigns the buffers.
   const int64_t a_count = pass == ConvPass::BackwardData ? y_count(g) : x_count(g);
   const int64_t b_count = pass == ConvPass::BackwardWeight ? y_count(g) : w_count(g);
   const int64_t out_count = pass == ConvPass::Forward        ? y_count(g)

@@ -22,7 +22,8 @@
 #include "memory/pool.h"
 #include "memory/recompute.h"
 #include "backends/cpu/conv_onednn.h"
-#include "backends/cuda/cuda_library.h"
+#include "backends/cuda/cublaslt.h"
+#include "backends/cuda/cudnn.h"
 #include "backends/cpu/matmul_onednn.h"
 
 namespace kiln::jit {

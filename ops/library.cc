@@ -2,7 +2,8 @@
 
 #include "backends/cuda/cuda_runtime.h"
 #include "backends/cpu/conv_onednn.h"
-#include "backends/cuda/cuda_library.h"
+#include "backends/cuda/cublaslt.h"
+#include "backends/cuda/cudnn.h"
 #include "backends/cpu/matmul_onednn.h"
 
 namespace kiln {

@@ -20,7 +20,8 @@
 #include "core/flags.h"
 #include "memory/allocator.h"
 #include "backends/cuda/cuda_runtime.h"
-#include "backends/cuda/cuda_library.h"
+#include "backends/cuda/cublaslt.h"
+#include "backends/cuda/cudnn.h"
 #include "tests/backends/matmul_layouts.h"
 
 using kiln::DType;

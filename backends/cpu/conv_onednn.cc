@@ -6,13 +6,13 @@
 
 #include <array>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string_view>
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/lasting_cache.h"
 #include "memory/allocator.h"
 #include "backends/cpu/onednn_runtime.h"
 
@@ -38,14 +38,10 @@ struct Plan {
 
 using Key = std::array<int64_t, 18>;
 
-struct PlanCache {
-  std::mutex mutex;
-  std::map<Key, Plan> plans;  // never erased: a model has few distinct convolutions
-};
-
-PlanCache& plan_cache() {
-  static PlanCache c;
-  return c;
+// A model has few distinct convolutions.
+LastingCache<Key, Plan>& plan_cache() {
+  static auto& cache = *new LastingCache<Key, Plan>;
+  return cache;
 }
 
 memory::data_type to_dnnl(DType t) {
@@ -173,14 +169,7 @@ void conv2d(ConvPass pass, DType t, const ConvGeometry& g, const void* a, const 
                 g.groups};
   Runtime& rt = runtime();
   try {
-    const Plan* plan;
-    {
-      PlanCache& cache = plan_cache();
-      std::lock_guard<std::mutex> lock(cache.mutex);
-      auto it = cache.plans.find(key);
-      if (it == cache.plans.end()) it = cache.plans.emplace(key, make_plan(pass, t, g)).first;
-      plan = &it->second;
-    }
+    const Plan* plan = &plan_cache().get_or_create(key, [&] { return make_plan(pass, t, g); });
     // Reordered copies live in pooled memory, so they show in kiln's memory statistics and are
     // reused from one step to the next.
     std::shared_ptr<Storage> scratch[3];

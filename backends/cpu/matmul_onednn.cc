@@ -5,13 +5,13 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <map>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/error.h"
+#include "core/lasting_cache.h"
 #include "backends/cpu/onednn_runtime.h"
 
 namespace kiln::onednn {
@@ -62,15 +62,10 @@ struct Plan {
 };
 
 // Primitive creation costs far more than a small matmul, so a training loop must not repeat it.
-// Entries are never erased (a model has few distinct matmul shapes), so Plan references stay valid.
-struct PlanCache {
-  std::mutex mutex;
-  std::map<Key, Plan> plans;
-};
-
-PlanCache& plan_cache() {
-  static PlanCache c;
-  return c;
+// A model has few distinct matmul shapes.
+LastingCache<Key, Plan>& plan_cache() {
+  static auto& cache = *new LastingCache<Key, Plan>;
+  return cache;
 }
 
 memory::data_type to_dnnl(DType t) {
@@ -184,14 +179,7 @@ void matmul(DType t, const void* a, const int64_t a_strides[3], const void* b,
                 lb.batch, lb.strides[0], lb.strides[1], lb.strides[2]};
   Runtime& rt = runtime();
   try {
-    const Plan* plan;
-    {
-      PlanCache& cache = plan_cache();
-      std::lock_guard<std::mutex> lock(cache.mutex);
-      auto it = cache.plans.find(key);
-      if (it == cache.plans.end()) it = cache.plans.emplace(key, make_plan(t, la, lb, M, K, N)).first;
-      plan = &it->second;
-    }
+    const Plan* plan = &plan_cache().get_or_create(key, [&] { return make_plan(t, la, lb, M, K, N); });
     std::vector<std::byte> a_packed, b_packed;
     if (plan->pack_a) a = pack(t, a, a_strides, la.batch, M, K, a_packed);
     if (plan->pack_b) b = pack(t, b, b_strides, lb.batch, K, N, b_packed);

@@ -9,7 +9,6 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -19,6 +18,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/flags.h"
+#include "core/lasting_cache.h"
 #include "memory/allocator.h"
 #include "backends/cuda/cuda_runtime.h"
 #include "backends/cuda/library_common.h"
@@ -179,34 +179,35 @@ struct MatmulPlan {
 // dtype, compute type, sizes, both operand views and the three pointers' alignments.
 using MatmulKey = std::array<int64_t, 15>;
 
+// A device's handle and workspace, never destroyed: they must outlive every static that could
+// still queue work at exit, and cublasLtDestroy after the runtime has shut down crashes.
 struct MatmulDevice {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;  // device memory outside the pool: not tensor memory, never freed
+  std::mutex mutex;           // serializes use of the handle and the workspace
 };
-
-// Never destroyed: handles and the workspaces must outlive every static that could still
-// queue work at exit, and cublasLtDestroy after the runtime has shut down crashes.
-struct MatmulState {
-  std::mutex mutex;  // guards the maps and serializes use of a device's handle and workspace
-  std::map<int, MatmulDevice> devices;
-  std::map<std::pair<int, MatmulKey>, std::unique_ptr<MatmulPlan>> plans;  // never erased
-};
-
-MatmulState& matmul_state() {
-  static auto* state = new MatmulState;
-  return *state;
-}
 
 template <class Describe>
-MatmulDevice& matmul_device(MatmulState& state, int device, const Describe& describe) {
-  MatmulDevice& d = state.devices[device];
-  if (!d.handle) check_cublas(cublasLtCreate(&d.handle), "cublasLtCreate", describe);
-  if (!d.workspace) {
-    d.workspace = cuda::device_malloc(device, kMatmulWorkspaceBytes);
-    KILN_CHECK(d.workspace != nullptr, "matmul (cuBLASLt)", "cuda:{} has no {} left for cuBLASLt's workspace; free "
-               "tensors or call kiln::empty_cache()", device, memory::format_bytes(kMatmulWorkspaceBytes));
+std::unique_ptr<MatmulDevice> make_matmul_device(int device, const Describe& describe) {
+  auto d = std::make_unique<MatmulDevice>();
+  check_cublas(cublasLtCreate(&d->handle), "cublasLtCreate", describe);
+  d->workspace = cuda::device_malloc(device, kMatmulWorkspaceBytes);
+  if (d->workspace == nullptr) {
+    cublasLtDestroy(d->handle);
+    KILN_FAIL(kMatmulOp, "cuda:{} has no {} left for cuBLASLt's workspace; free tensors or call "
+              "kiln::empty_cache()", device, memory::format_bytes(kMatmulWorkspaceBytes));
   }
   return d;
+}
+
+LastingCache<int, MatmulDevice>& matmul_devices() {
+  static auto& devices = *new LastingCache<int, MatmulDevice>;
+  return devices;
+}
+
+LastingCache<std::pair<int, MatmulKey>, MatmulPlan>& matmul_plans() {
+  static auto& plans = *new LastingCache<std::pair<int, MatmulKey>, MatmulPlan>;
+  return plans;
 }
 
 // Creates `layout` (a plan member, so a failure further on still destroys it): (rows, cols, ld) in
@@ -292,9 +293,8 @@ void run_matmul(int device, DType t, const void* a, const int64_t a_strides[3], 
   auto stream = static_cast<cudaStream_t>(cuda::stream(device));
   const MatrixView va = view_of(batch, M, K, a_strides), vb = view_of(batch, K, N, b_strides);
 
-  MatmulState& state = matmul_state();
-  std::lock_guard<std::mutex> lock(state.mutex);
-  MatmulDevice& dev = matmul_device(state, device, describe);
+  MatmulDevice& dev = matmul_devices().get_or_create(device, [&] { return make_matmul_device(device, describe); });
+  std::lock_guard<std::mutex> lock(dev.mutex);
   // Packed copies are released when this call returns, with the matmul only queued: the pool
   // hands them out again to work queued later on the same stream, so nothing reads them early.
   std::shared_ptr<Storage> packed_a, packed_b;
@@ -318,13 +318,9 @@ void run_matmul(int device, DType t, const void* a, const int64_t a_strides[3], 
   const MatmulKey key{static_cast<int64_t>(t), static_cast<int64_t>(compute), batch, M, K, N,
                       va.row_major, va.ld, va.batch_stride, vb.row_major, vb.ld, vb.batch_stride,
                       align[0], align[1], align[2]};
-  auto it = state.plans.find({device, key});
-  if (it == state.plans.end())
-    it = state.plans
-             .emplace(std::pair{device, key},
-                      make_matmul_plan(dev.handle, t, compute, va, vb, batch, M, K, N, align, describe))
-             .first;
-  const MatmulPlan& plan = *it->second;
+  const MatmulPlan& plan = matmul_plans().get_or_create({device, key}, [&] {
+    return make_matmul_plan(dev.handle, t, compute, va, vb, batch, M, K, N, align, describe);
+  });
   // alpha and beta are read from the host at queue time, in the scale type.
   const float one_f = 1.0f, zero_f = 0.0f;
   const double one_d = 1.0, zero_d = 0.0;

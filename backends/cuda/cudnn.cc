@@ -8,7 +8,6 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -18,6 +17,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/flags.h"
+#include "core/lasting_cache.h"
 #include "memory/allocator.h"
 #include "backends/cuda/cuda_runtime.h"
 #include "backends/cuda/library_common.h"
@@ -100,17 +100,32 @@ struct ConvPlan {
 // device, pass, dtype, tf32, and the 16 numbers of the geometry.
 using ConvKey = std::array<int64_t, 20>;
 
-// Never destroyed, like MatmulState. cuDNN handles must not be used by two threads at once, so
-// the mutex is held from plan lookup to the queued call.
-struct ConvState {
+// A device's cuDNN handle, bound to kiln's stream and never destroyed (like cuBLASLt's). cuDNN
+// handles must not be used by two threads at once, so the mutex is held from plan lookup to the
+// queued call; it also guards the device's plans, whose algorithm lists shrink when one is refused.
+struct ConvDevice {
+  cudnnHandle_t handle = nullptr;
   std::mutex mutex;
-  std::map<int, cudnnHandle_t> handles;
-  std::map<ConvKey, std::unique_ptr<ConvPlan>> plans;  // never erased
 };
 
-ConvState& conv_state() {
-  static auto* state = new ConvState;
-  return *state;
+template <class Describe>
+std::unique_ptr<ConvDevice> make_conv_device(cudaStream_t stream, const Describe& describe) {
+  auto d = std::make_unique<ConvDevice>();
+  check_cudnn(cudnnCreate(&d->handle), "cudnnCreate", describe);
+  const cudnnStatus_t bound = cudnnSetStream(d->handle, stream);
+  if (bound != CUDNN_STATUS_SUCCESS) cudnnDestroy(d->handle);
+  check_cudnn(bound, "cudnnSetStream", describe);
+  return d;
+}
+
+LastingCache<int, ConvDevice>& conv_devices() {
+  static auto& devices = *new LastingCache<int, ConvDevice>;
+  return devices;
+}
+
+LastingCache<ConvKey, ConvPlan>& conv_plans() {
+  static auto& plans = *new LastingCache<ConvKey, ConvPlan>;
+  return plans;
 }
 
 // NOT_SUPPORTED answers that concern one algorithm on this problem, not the installation.
@@ -238,19 +253,13 @@ void run_conv(int device, ConvPass pass, DType t, const ConvGeometry& g, const v
   auto stream = static_cast<cudaStream_t>(cuda::stream(device));
   const bool tf32 = t == DType::Float32 && flags().tf32;
 
-  ConvState& state = conv_state();
-  std::lock_guard<std::mutex> lock(state.mutex);
-  cudnnHandle_t& handle = state.handles[device];
-  if (!handle) {
-    check_cudnn(cudnnCreate(&handle), "cudnnCreate", describe);
-    check_cudnn(cudnnSetStream(handle, stream), "cudnnSetStream", describe);
-  }
+  ConvDevice& dev = conv_devices().get_or_create(device, [&] { return make_conv_device(stream, describe); });
+  std::lock_guard<std::mutex> lock(dev.mutex);
+  const cudnnHandle_t handle = dev.handle;
   const ConvKey key{device, static_cast<int64_t>(pass), static_cast<int64_t>(t), tf32,
                     g.N, g.C, g.H, g.W, g.OC, g.KH, g.KW, g.OH, g.OW, g.stride[0], g.stride[1],
                     g.padding[0], g.padding[1], g.dilation[0], g.dilation[1], g.groups};
-  auto it = state.plans.find(key);
-  if (it == state.plans.end()) it = state.plans.emplace(key, make_conv_plan(handle, pass, t, tf32, g, describe)).first;
-  ConvPlan& plan = *it->second;
+  ConvPlan& plan = conv_plans().get_or_create(key, [&] { return make_conv_plan(handle, pass, t, tf32, g, describe); });
   // beta = 0: the output is overwritten and never read (it may hold NaN).
   const float one = 1.0f, zero = 0.0f;
   for (;;) {

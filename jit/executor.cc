@@ -33,9 +33,9 @@ namespace {
 struct Plan {
   Device device;
   Schedule schedule;
-  std::shared_ptr<CompiledModule> module;
-  std::vector<KernelFn> fns;        // per kernel; null for library calls (CPU plans)
-  std::unique_ptr<CudaKernels> cuda;  // the JIT kernels of a CUDA plan
+  std::shared_ptr<cpu::CompiledModule> module;
+  std::vector<cpu::KernelFn> fns;        // per kernel; null for library calls (CPU plans)
+  std::unique_ptr<cuda::CudaKernels> cuda;  // the JIT kernels of a CUDA plan
   std::vector<int> fallible;        // kernels that may report an index out of range, in order
   std::vector<int> error_pair;      // per kernel: its index-error pair in a CUDA run (0 if it cannot fail)
   // CUDA plans: per kernel, the first kernel of its row group (backends/cuda/render_cuda.h), itself when
@@ -238,7 +238,7 @@ std::unique_ptr<Plan> build_plan(const PendingGraph& graph, Device device) {
     if (can_fail(s.kernels[k])) plan->fallible.push_back(static_cast<int>(k));
   }
   if (device.is_cuda()) {
-    plan->group_start = cuda_row_groups(s.kernels);
+    plan->group_start = cuda::cuda_row_groups(s.kernels);
     extend_lifetimes_over_groups(*plan);
   }
   plan_buffers(*plan);
@@ -247,12 +247,12 @@ std::unique_ptr<Plan> build_plan(const PendingGraph& graph, Device device) {
   memory::note_plan(plan->info);
   plan->fns.assign(s.kernels.size(), nullptr);
   if (jit_kernels > 0 && device.is_cuda()) {
-    plan->cuda = std::make_unique<CudaKernels>(s.kernels, device.index, plan->group_start);
+    plan->cuda = std::make_unique<cuda::CudaKernels>(s.kernels, device.index, plan->group_start);
   } else if (jit_kernels > 0) {
-    plan->module = compile_cached(render_cpp(s.kernels), jit_kernels);
+    plan->module = cpu::compile_cached(cpu::render_cpp(s.kernels), jit_kernels);
     for (size_t k = 0; k < s.kernels.size(); ++k)
       if (!is_library(s.kernels[k].kind))
-        plan->fns[k] = reinterpret_cast<KernelFn>(plan->module->symbol(s.kernels[k].name));
+        plan->fns[k] = reinterpret_cast<cpu::KernelFn>(plan->module->symbol(s.kernels[k].name));
   }
   stats().plans_built++;
   return plan;
@@ -309,10 +309,10 @@ void run_matmul(const Kernel& k, void* const* ptrs, Device device) {
   const char* a = static_cast<const char*>(ptrs[k.buffers[mm.a_buffer].slot]) + mm.a_offset * es;
   const char* b = static_cast<const char*>(ptrs[k.buffers[mm.b_buffer].slot]) + mm.b_offset * es;
   if (cuda::is_gpu(device))
-    cuda_library::matmul(device.index, t, a, mm.a_strides, b, mm.b_strides, ptrs[k.buffers[0].slot], mm.batch, mm.M,
+    cuda::cublaslt_matmul(device.index, t, a, mm.a_strides, b, mm.b_strides, ptrs[k.buffers[0].slot], mm.batch, mm.M,
                          mm.K, mm.N);
   else
-    onednn::matmul(t, a, mm.a_strides, b, mm.b_strides, ptrs[k.buffers[0].slot], mm.batch, mm.M, mm.K, mm.N);
+    cpu::onednn_matmul(t, a, mm.a_strides, b, mm.b_strides, ptrs[k.buffers[0].slot], mm.batch, mm.M, mm.K, mm.N);
 }
 
 void run_conv(const Kernel& k, void* const* ptrs, Device device) {
@@ -320,9 +320,9 @@ void run_conv(const Kernel& k, void* const* ptrs, Device device) {
   const void* a = ptrs[k.buffers[c.a_buffer].slot];
   const void* b = ptrs[k.buffers[c.b_buffer].slot];
   if (cuda::is_gpu(device))
-    cuda_library::conv2d(device.index, c.pass, k.buffers[0].dtype, c.geometry, a, b, ptrs[k.buffers[0].slot]);
+    cuda::cudnn_conv2d(device.index, c.pass, k.buffers[0].dtype, c.geometry, a, b, ptrs[k.buffers[0].slot]);
   else
-    onednn::conv2d(c.pass, k.buffers[0].dtype, c.geometry, a, b, ptrs[k.buffers[0].slot]);
+    cpu::onednn_conv2d(c.pass, k.buffers[0].dtype, c.geometry, a, b, ptrs[k.buffers[0].slot]);
 }
 
 // A CUDA plan's bound values in device memory: scalars (sc), Rand seeds and offsets (isc), and an

@@ -28,7 +28,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-namespace kiln::cuda_library {
+namespace kiln::cuda {
 
 namespace {
 
@@ -335,14 +335,14 @@ void run_matmul(int device, DType t, const void* a, const int64_t a_strides[3], 
 
 }  // namespace
 
-bool supports_matmul(DType t) { return KILN_WITH_CUDA && is_matmul_dtype(t); }
+bool cublaslt_supports_matmul(DType t) { return KILN_WITH_CUDA && is_matmul_dtype(t); }
 
-void matmul(int device, DType t, const void* a, const int64_t a_strides[3], const void* b,
+void cublaslt_matmul(int device, DType t, const void* a, const int64_t a_strides[3], const void* b,
             const int64_t b_strides[3], void* c, int64_t batch, int64_t M, int64_t K, int64_t N) {
   KILN_CHECK(is_matmul_dtype(t), kMatmulOp, "CUDA matmul takes float32, float64, float16 or bfloat16, got {}; "
-             "check cuda_library::supports_matmul first", dtype_name(t));
+             "check cuda::cublaslt_supports_matmul first", dtype_name(t));
   KILN_CHECK(KILN_WITH_CUDA, kMatmulOp, "kiln was built without the CUDA toolkit (CMake did not find "
-             "CUDAToolkit); check cuda_library::supports_matmul first");
+             "CUDAToolkit); check cuda::cublaslt_supports_matmul first");
   // cuBLASLt takes sizes and the batch count as 32-bit integers.
   KILN_CHECK(fits_int(batch) && fits_int(M) && fits_int(K) && fits_int(N), kMatmulOp,
              "sizes must be in [0, {}]: {}", INT_MAX, describe_matmul(device, t, a_strides, b_strides, batch, M, K, N));
@@ -359,4 +359,4 @@ void matmul(int device, DType t, const void* a, const int64_t a_strides[3], cons
 #endif
 }
 
-}  // namespace kiln::cuda_library
+}  // namespace kiln::cuda

@@ -27,7 +27,7 @@
 #include <cudnn.h>
 #endif
 
-namespace kiln::cuda_library {
+namespace kiln::cuda {
 
 namespace {
 
@@ -314,14 +314,14 @@ void run_conv(int device, ConvPass pass, DType t, const ConvGeometry& g, const v
 
 }  // namespace
 
-bool supports_conv(DType t) { return KILN_WITH_CUDA && KILN_WITH_CUDNN && is_conv_dtype(t); }
+bool cudnn_supports_conv(DType t) { return KILN_WITH_CUDA && KILN_WITH_CUDNN && is_conv_dtype(t); }
 
-void conv2d(int device, ConvPass pass, DType t, const ConvGeometry& g, const void* a,
+void cudnn_conv2d(int device, ConvPass pass, DType t, const ConvGeometry& g, const void* a,
             const void* b, void* out) {
   KILN_CHECK(is_conv_dtype(t), kConvOp, "CUDA convolution takes float32, float16 or bfloat16, got {}; check "
-             "cuda_library::supports_conv first", dtype_name(t));
+             "cuda::cudnn_supports_conv first", dtype_name(t));
   KILN_CHECK(KILN_WITH_CUDA && KILN_WITH_CUDNN, kConvOp, "kiln was built without {} (CMake did not find it); "
-             "check cuda_library::supports_conv first", KILN_WITH_CUDA ? "cuDNN" : "the CUDA toolkit");
+             "check cuda::cudnn_supports_conv first", KILN_WITH_CUDA ? "cuDNN" : "the CUDA toolkit");
   const int64_t sizes[] = {g.N, g.C, g.H, g.W, g.OC, g.KH, g.KW, g.OH, g.OW, g.stride[0], g.stride[1],
                            g.padding[0], g.padding[1], g.dilation[0], g.dilation[1], g.groups};
   bool valid = g.groups >= 1 && g.stride[0] >= 1 && g.stride[1] >= 1 && g.dilation[0] >= 1 && g.dilation[1] >= 1;
@@ -344,4 +344,4 @@ void conv2d(int device, ConvPass pass, DType t, const ConvGeometry& g, const voi
 #endif
 }
 
-}  // namespace kiln::cuda_library
+}  // namespace kiln::cuda

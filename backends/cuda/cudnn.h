@@ -4,8 +4,8 @@
 //
 //   ConvGeometry g{.N = 128, .C = 32, .H = 14, .W = 14, .OC = 64, .KH = 3, .KW = 3,
 //                  .OH = 14, .OW = 14, .stride = {1, 1}, .padding = {1, 1}};
-//   if (kiln::cuda_library::supports_conv(DType::Float32))
-//     kiln::cuda_library::conv2d(0, ConvPass::Forward, DType::Float32, g, x, w, y);
+//   if (kiln::cuda::cudnn_supports_conv(DType::Float32))
+//     kiln::cuda::cudnn_conv2d(0, ConvPass::Forward, DType::Float32, g, x, w, y);
 //   kiln::cuda::synchronize(0);               // or copy_to_host, which waits too
 #pragma once
 #include <cstdint>
@@ -13,17 +13,17 @@
 #include "core/dtype.h"
 #include "ops/conv_geometry.h"
 
-namespace kiln::cuda_library {
+namespace kiln::cuda {
 
 // True when this build can run a convolution for dtype t on a real CUDA device: float32, float16
 // and bfloat16 (built with the CUDA toolkit and cuDNN; float64 convolutions stay composites).
 // Says nothing about whether a device is present: that is kiln::cuda::available().
-bool supports_conv(DType t);
+bool cudnn_supports_conv(DType t);
 
 // Runs one pass on cuda:device: a, b and out are contiguous device buffers in the layouts
 // ops/conv_geometry.h documents; out is overwritten.
 // Throws kiln::Error for unsupported dtypes, a geometry cuDNN refuses, no usable device, or a
 // CUDA / cuDNN failure while queueing.
-void conv2d(int device, ConvPass pass, DType t, const ConvGeometry& g, const void* a, const void* b, void* out);
+void cudnn_conv2d(int device, ConvPass pass, DType t, const ConvGeometry& g, const void* a, const void* b, void* out);
 
-}  // namespace kiln::cuda_library
+}  // namespace kiln::cuda

@@ -14,7 +14,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-namespace kiln::cuda_library {
+namespace kiln::cuda {
 
 // A device this unit can queue library calls on: present, and a real GPU (the host emulator's
 // "device memory" is host memory, which cuBLAS and cuDNN cannot read).
@@ -38,4 +38,4 @@ void check_cuda(cudaError_t e, std::string_view op, const char* call, const Desc
 
 #endif  // KILN_WITH_CUDA
 
-}  // namespace kiln::cuda_library
+}  // namespace kiln::cuda

@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
     baseline.push_back(empty_compile_seconds(dir));
 
     kiln::flags().cache_dir = (dir / "kernels").string();
-    kiln::jit::clear_memory_cache();
+    kiln::cpu::clear_memory_cache();
     kiln::jit::clear_plan_cache();
     kiln::jit::reset_stats();
     cold.push_back(seconds_of([&] { train_step(m, 0.01); }));
@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
     modules_per_cold = kiln::jit::stats().modules_compiled;
     kernels_per_cold = kiln::jit::stats().kernels_compiled;
 
-    kiln::jit::clear_memory_cache();
+    kiln::cpu::clear_memory_cache();
     kiln::jit::clear_plan_cache();
     kiln::jit::reset_stats();
     warm.push_back(seconds_of([&] { train_step(m, 0.01); }));

@@ -8,7 +8,7 @@
 #include "core/dtype.h"
 #include "core/op.h"
 #include "jit/index_expr.h"
-#include "backends/cpu/conv_onednn.h"
+#include "ops/conv_geometry.h"
 
 namespace kiln::jit {
 
@@ -66,11 +66,11 @@ struct MatmulCall {
   int64_t batch = 0, M = 0, K = 0, N = 0;
 };
 
-// Both operands are contiguous buffers in the layouts of backends/cpu/conv_onednn.h.
+// Both operands are contiguous buffers in the layouts of ops/conv_geometry.h.
 struct ConvCall {
-  onednn::ConvPass pass = onednn::ConvPass::Forward;
+  ConvPass pass = ConvPass::Forward;
   int a_buffer = -1, b_buffer = -1;  // kernel buffers
-  onednn::ConvGeometry geometry;
+  ConvGeometry geometry;
 };
 
 struct Kernel {

@@ -373,9 +373,9 @@ Kernel build_conv(Lowerer& s, const Node* node, int slot) {
   k.kind = KernelKind::Conv;
   KernelBuilder(s, k).buffer(slot, node->dtype, true);
   ConvCall& c = k.conv;
-  c.pass = node->op == Op::Conv2d               ? onednn::ConvPass::Forward
-           : node->op == Op::Conv2dBackwardData ? onednn::ConvPass::BackwardData
-                                                : onednn::ConvPass::BackwardWeight;
+  c.pass = node->op == Op::Conv2d               ? ConvPass::Forward
+           : node->op == Op::Conv2dBackwardData ? ConvPass::BackwardData
+                                                : ConvPass::BackwardWeight;
   c.a_buffer = contiguous_operand(s, k, node->inputs[0].get());
   c.b_buffer = contiguous_operand(s, k, node->inputs[1].get());
   c.geometry = prim::conv_geometry(*node);

@@ -230,8 +230,8 @@ int64_t conv_extent(int64_t in, int64_t kernel, int64_t stride, int64_t padding,
   return (in + 2 * padding - dilation * (kernel - 1) - 1) / stride + 1;
 }
 
-onednn::ConvGeometry geometry(const Shape& x, const Shape& w, const Shape& y, const std::vector<int64_t>& conv) {
-  onednn::ConvGeometry g;
+ConvGeometry geometry(const Shape& x, const Shape& w, const Shape& y, const std::vector<int64_t>& conv) {
+  ConvGeometry g;
   g.N = x[0], g.C = x[1], g.H = x[2], g.W = x[3];
   g.OC = w[0], g.KH = w[2], g.KW = w[3];
   g.OH = y[2], g.OW = y[3];
@@ -294,7 +294,7 @@ Shape conv2d_output_shape(const Shape& x, const Shape& weight, const std::vector
   return check_conv("conv2d", x, weight, conv);
 }
 
-onednn::ConvGeometry conv_geometry(const Node& n) {
+ConvGeometry conv_geometry(const Node& n) {
   const Shape& a = n.inputs[0]->shape;
   const Shape& b = n.inputs[1]->shape;
   switch (n.op) {

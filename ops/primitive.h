@@ -2,7 +2,7 @@
 // API (ops/ops.h) broadcasts and promotes first, then calls these; grad rules call them too.
 #pragma once
 #include "core/tensor.h"
-#include "backends/cpu/conv_onednn.h"
+#include "ops/conv_geometry.h"
 
 namespace kiln::prim {
 
@@ -54,6 +54,6 @@ Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_y, const Shape
 // The shape of conv2d(x, weight) after checking that shapes and attributes agree.
 Shape conv2d_output_shape(const Shape& x, const Shape& weight, const std::vector<int64_t>& conv);
 // The geometry of a Conv2d / Conv2dBackwardData / Conv2dBackwardWeight node.
-onednn::ConvGeometry conv_geometry(const Node& node);
+ConvGeometry conv_geometry(const Node& node);
 
 }  // namespace kiln::prim

@@ -31,7 +31,7 @@
 #define KILN_HOST_CXX "c++"
 #endif
 
-namespace kiln::jit {
+namespace kiln::cpu {
 namespace fs = std::filesystem;
 
 namespace {
@@ -100,7 +100,7 @@ const std::string& toolchain_identity() {
   static const std::string identity = [] {
     const CommandResult version = run_command(shell_quote(kCompilerPath) + " --version");
     const std::string first_line = version.output.substr(0, version.output.find('\n'));
-    return fmt::format("{} ({}) | cpu {}", first_line, kCompilerPath, hash_hex(cpu_description()));
+    return fmt::format("{} ({}) | cpu {}", first_line, kCompilerPath, jit::hash_hex(cpu_description()));
   }();
   return identity;
 }
@@ -111,7 +111,7 @@ std::string module_key(const std::string& source) {
   keyed += toolchain_identity();
   keyed += '\0';
   keyed += kCompileFlags;
-  return hash_hex(keyed);
+  return jit::hash_hex(keyed);
 }
 
 // Returns "" when `path` looks like a whole native shared object, else what is wrong with it.
@@ -168,12 +168,12 @@ std::shared_ptr<CompiledModule> open_verified(const fs::path& path, const std::s
 }
 
 std::shared_ptr<CompiledModule> load_from_disk(const std::string& key, int kernel_count) {
-  const fs::path path = fs::path(cache_directory()) / (key + ".so");
+  const fs::path path = fs::path(jit::cache_directory()) / (key + ".so");
   std::error_code error;
   if (!fs::exists(path, error)) return nullptr;
   std::string problem;
   if (auto module = open_verified(path, key, &problem)) {
-    stats().disk_cache_hits += 1;
+    jit::stats().disk_cache_hits += 1;
     if (flags().log >= 1) fmt::print(stderr, "[kiln] loaded {} kernels from the disk cache (key {})\n", kernel_count, key);
     return module;
   }
@@ -195,13 +195,13 @@ fs::path make_temporary_directory() {
 std::shared_ptr<CompiledModule> build(const std::string& full_source, const std::string& key, int kernel_count) {
   const auto start = std::chrono::steady_clock::now();
   const bool keep_on_disk = flags().disk_cache;
-  const fs::path directory = keep_on_disk ? fs::path(cache_directory()) : make_temporary_directory();
+  const fs::path directory = keep_on_disk ? fs::path(jit::cache_directory()) : make_temporary_directory();
   const fs::path source_path = directory / (key + ".cc");
   const fs::path final_path = directory / (key + ".so");
-  const fs::path output_path = keep_on_disk ? directory / temporary_name(key, ".tmp.so") : final_path;
+  const fs::path output_path = keep_on_disk ? directory / jit::temporary_name(key, ".tmp.so") : final_path;
 
-  if (keep_on_disk) write_file_atomically(source_path.string(), full_source);
-  else write_file(source_path.string(), full_source);
+  if (keep_on_disk) jit::write_file_atomically(source_path.string(), full_source);
+  else jit::write_file(source_path.string(), full_source);
 
   const std::string command = fmt::format("{} {} -o {} {}", shell_quote(kCompilerPath), kCompileFlags,
                                           shell_quote(output_path.string()), shell_quote(source_path.string()));
@@ -224,7 +224,7 @@ std::shared_ptr<CompiledModule> build(const std::string& full_source, const std:
   KILN_CHECK(module != nullptr, "jit", "the freshly compiled {} cannot be loaded: {}", final_path.string(), problem);
 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  JitStats& counters = stats();
+  jit::JitStats& counters = jit::stats();
   counters.kernels_compiled += kernel_count;
   counters.modules_compiled += 1;
   counters.compile_seconds += seconds;
@@ -265,7 +265,7 @@ std::shared_ptr<CompiledModule> compile_cached(const std::string& source, int ke
   MemoryCache& cache = memory_cache();
   std::lock_guard lock(cache.mutex);
   if (auto found = cache.modules.find(key); found != cache.modules.end()) {
-    stats().memory_cache_hits += 1;
+    jit::stats().memory_cache_hits += 1;
     return found->second;
   }
 
@@ -286,4 +286,4 @@ void clear_memory_cache() {
   cache.modules.clear();
 }
 
-}  // namespace kiln::jit
+}  // namespace kiln::cpu

@@ -1,7 +1,7 @@
 // The host-compiler half of kiln's JIT: turns generated C++ into a loaded shared object, reusing
 // one from memory or from the on-disk cache when the source, compiler and flags are unchanged.
 //
-//   auto module = kiln::jit::compile_cached(source, /*kernel_count=*/2);
+//   auto module = kiln::cpu::compile_cached(source, /*kernel_count=*/2);
 //   using Kernel = void (*)(const float*, float*, int64_t);
 //   auto kernel = reinterpret_cast<Kernel>(module->symbol("kernel_0"));
 #pragma once
@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-namespace kiln::jit {
+namespace kiln::cpu {
 
 // A dlopen'ed shared object, closed when the last reference goes away. Made by compile_cached.
 class CompiledModule {
@@ -43,4 +43,4 @@ std::shared_ptr<CompiledModule> compile_cached(const std::string& source, int ke
 // compile_cached behaves as in a fresh process. For tests.
 void clear_memory_cache();
 
-}  // namespace kiln::jit
+}  // namespace kiln::cpu

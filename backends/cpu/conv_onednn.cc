@@ -6,17 +6,17 @@
 
 #include <array>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string_view>
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/lasting_cache.h"
 #include "memory/allocator.h"
 #include "backends/cpu/onednn_runtime.h"
 
-namespace kiln::onednn {
+namespace kiln::cpu {
 
 namespace {
 
@@ -38,14 +38,10 @@ struct Plan {
 
 using Key = std::array<int64_t, 18>;
 
-struct PlanCache {
-  std::mutex mutex;
-  std::map<Key, Plan> plans;  // never erased: a model has few distinct convolutions
-};
-
-PlanCache& plan_cache() {
-  static PlanCache c;
-  return c;
+// A model has few distinct convolutions.
+LastingCache<Key, Plan>& plan_cache() {
+  static auto& cache = *new LastingCache<Key, Plan>;
+  return cache;
 }
 
 memory::data_type to_dnnl(DType t) {
@@ -85,14 +81,14 @@ dnnl::convolution_forward::primitive_desc forward_desc(const ConvGeometry& g, me
   return dnnl::convolution_forward::primitive_desc(
       dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, any.x,
                                       any.w, any.y, win.strides, win.dilates, win.pad_l, win.pad_r),
-      runtime().engine);
+      onednn_runtime().engine);
 }
 
 Plan make_plan(ConvPass pass, DType t, const ConvGeometry& g) {
   const memory::data_type dt = to_dnnl(t);
   const Descs plain = make_descs(g, dt, true), any = make_descs(g, dt, false);
   const Window win = make_window(g);
-  const dnnl::engine& engine = runtime().engine;
+  const dnnl::engine& engine = onednn_runtime().engine;
   using dnnl::algorithm;
   const dnnl::convolution_forward::primitive_desc fwd = forward_desc(g, dt);
   Plan plan;
@@ -147,19 +143,19 @@ std::string describe(ConvPass pass, DType t, const ConvGeometry& g) {
 
 }  // namespace
 
-bool supports_conv(DType t) {
+bool onednn_supports_conv(DType t) {
   if (t == DType::Float32) return true;
   if (t != DType::BFloat16) return false;
-  static const bool bf16 = has_native_kernel([] {
+  static const bool bf16 = onednn_has_native_kernel([] {
     return forward_desc({.N = 1, .C = 16, .H = 8, .W = 8, .OC = 16, .KH = 3, .KW = 3, .OH = 6, .OW = 6},
                         memory::data_type::bf16);
   });
   return bf16;
 }
 
-void conv2d(ConvPass pass, DType t, const ConvGeometry& g, const void* a, const void* b, void* out) {
+void onednn_conv2d(ConvPass pass, DType t, const ConvGeometry& g, const void* a, const void* b, void* out) {
   KILN_CHECK(t == DType::Float32 || t == DType::BFloat16, "conv2d",
-             "oneDNN convolution takes float32 or bfloat16, got {}; check onednn::supports_conv first",
+             "oneDNN convolution takes float32 or bfloat16, got {}; check cpu::onednn_supports_conv first",
              dtype_name(t));
   if (g.N == 0 || g.C == 0 || g.OC == 0 || g.OH == 0 || g.OW == 0) {  // oneDNN rejects empty tensors
     const int64_t numel = pass == ConvPass::Forward        ? g.N * g.OC * g.OH * g.OW
@@ -171,16 +167,9 @@ void conv2d(ConvPass pass, DType t, const ConvGeometry& g, const void* a, const 
   const Key key{static_cast<int64_t>(pass), static_cast<int64_t>(t), g.N, g.C, g.H, g.W, g.OC, g.KH, g.KW,
                 g.OH, g.OW, g.stride[0], g.stride[1], g.padding[0], g.padding[1], g.dilation[0], g.dilation[1],
                 g.groups};
-  Runtime& rt = runtime();
+  OnednnRuntime& rt = onednn_runtime();
   try {
-    const Plan* plan;
-    {
-      PlanCache& cache = plan_cache();
-      std::lock_guard<std::mutex> lock(cache.mutex);
-      auto it = cache.plans.find(key);
-      if (it == cache.plans.end()) it = cache.plans.emplace(key, make_plan(pass, t, g)).first;
-      plan = &it->second;
-    }
+    const Plan* plan = &plan_cache().get_or_create(key, [&] { return make_plan(pass, t, g); });
     // Reordered copies live in pooled memory, so they show in kiln's memory statistics and are
     // reused from one step to the next.
     std::shared_ptr<Storage> scratch[3];
@@ -206,4 +195,4 @@ void conv2d(ConvPass pass, DType t, const ConvGeometry& g, const void* a, const 
   }
 }
 
-}  // namespace kiln::onednn
+}  // namespace kiln::cpu

@@ -14,7 +14,7 @@ namespace {
 // Kernels run on the calling thread's OpenMP team; the bound scalars are read from host memory.
 class HostRun final : public jit::KernelRun {
  public:
-  HostRun(const std::vector<jit::KernelFn>& fns, const std::vector<jit::Kernel>& kernels,
+  HostRun(const std::vector<KernelFn>& fns, const std::vector<jit::Kernel>& kernels,
           const std::vector<double>& scalars, const std::vector<int64_t>& ints)
       : fns_(fns), kernels_(kernels), scalars_(scalars), ints_(ints) {}
   void launch(size_t k, void* const* ptrs) override {
@@ -25,7 +25,7 @@ class HostRun final : public jit::KernelRun {
   void check_errors() override {}  // launch has thrown already
 
  private:
-  const std::vector<jit::KernelFn>& fns_;
+  const std::vector<KernelFn>& fns_;
   const std::vector<jit::Kernel>& kernels_;
   std::vector<double> scalars_;
   std::vector<int64_t> ints_;
@@ -34,11 +34,11 @@ class HostRun final : public jit::KernelRun {
 class HostKernels final : public jit::CompiledKernels {
  public:
   explicit HostKernels(const std::vector<jit::Kernel>& kernels, int jit_kernels) : kernels_(kernels) {
-    module_ = jit::compile_cached(jit::render_cpp(kernels), jit_kernels);
+    module_ = compile_cached(render_cpp(kernels), jit_kernels);
     fns_.assign(kernels.size(), nullptr);
     for (size_t k = 0; k < kernels.size(); ++k)
       if (!jit::is_library(kernels[k].kind))
-        fns_[k] = reinterpret_cast<jit::KernelFn>(module_->symbol(kernels[k].name));
+        fns_[k] = reinterpret_cast<KernelFn>(module_->symbol(kernels[k].name));
   }
   std::unique_ptr<jit::KernelRun> start(const std::vector<double>& scalars,
                                         const std::vector<int64_t>& ints) const override {
@@ -47,8 +47,8 @@ class HostKernels final : public jit::CompiledKernels {
 
  private:
   std::vector<jit::Kernel> kernels_;  // a copy: error messages name them after the plan is gone
-  std::shared_ptr<jit::CompiledModule> module_;
-  std::vector<jit::KernelFn> fns_;  // per kernel; null for library calls
+  std::shared_ptr<CompiledModule> module_;
+  std::vector<KernelFn> fns_;  // per kernel; null for library calls
 };
 
 }  // namespace
@@ -69,10 +69,10 @@ void run_onednn(const jit::Kernel& k, void* const* ptrs) {
     const size_t es = dtype_size(t);
     const char* a = static_cast<const char*>(ptrs[k.buffers[mm.a_buffer].slot]) + mm.a_offset * es;
     const char* b = static_cast<const char*>(ptrs[k.buffers[mm.b_buffer].slot]) + mm.b_offset * es;
-    onednn::matmul(t, a, mm.a_strides, b, mm.b_strides, out, mm.batch, mm.M, mm.K, mm.N);
+    onednn_matmul(t, a, mm.a_strides, b, mm.b_strides, out, mm.batch, mm.M, mm.K, mm.N);
   } else {
     const jit::ConvCall& c = k.conv;
-    onednn::conv2d(c.pass, t, c.geometry, ptrs[k.buffers[c.a_buffer].slot], ptrs[k.buffers[c.b_buffer].slot], out);
+    onednn_conv2d(c.pass, t, c.geometry, ptrs[k.buffers[c.a_buffer].slot], ptrs[k.buffers[c.b_buffer].slot], out);
   }
 }
 

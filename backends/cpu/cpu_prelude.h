@@ -2,7 +2,7 @@
 // vectorizable float math (exp, log, tanh, erf) and the Philox counter-based generator.
 #pragma once
 
-namespace kiln::jit {
+namespace kiln::cpu {
 
 inline constexpr const char* kCpuPrelude = R"KILN(
 #include <stdint.h>
@@ -100,4 +100,4 @@ static inline int64_t kiln_check_index(int64_t j, int64_t extent, int64_t* err) 
 #pragma omp declare reduction(kiln_max : double : omp_out = KILN_MAX(omp_in, omp_out)) initializer(omp_priv = -__builtin_inf())
 )KILN";
 
-}  // namespace kiln::jit
+}  // namespace kiln::cpu

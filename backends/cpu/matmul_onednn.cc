@@ -5,16 +5,16 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <map>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/error.h"
+#include "core/lasting_cache.h"
 #include "backends/cpu/onednn_runtime.h"
 
-namespace kiln::onednn {
+namespace kiln::cpu {
 
 namespace {
 
@@ -62,15 +62,10 @@ struct Plan {
 };
 
 // Primitive creation costs far more than a small matmul, so a training loop must not repeat it.
-// Entries are never erased (a model has few distinct matmul shapes), so Plan references stay valid.
-struct PlanCache {
-  std::mutex mutex;
-  std::map<Key, Plan> plans;
-};
-
-PlanCache& plan_cache() {
-  static PlanCache c;
-  return c;
+// A model has few distinct matmul shapes.
+LastingCache<Key, Plan>& plan_cache() {
+  static auto& cache = *new LastingCache<Key, Plan>;
+  return cache;
 }
 
 memory::data_type to_dnnl(DType t) {
@@ -87,7 +82,7 @@ memory::desc contiguous_desc(int64_t batch, int64_t rows, int64_t cols, memory::
 
 // Throws dnnl::error when even the contiguous layout is refused.
 Plan make_plan(DType t, const Layout& a, const Layout& b, int64_t M, int64_t K, int64_t N) {
-  Runtime& rt = runtime();
+  OnednnRuntime& rt = onednn_runtime();
   const memory::data_type dt = to_dnnl(t);
   Plan plan;
   // With both operands broadcast, oneDNN computes C[0] only; matmul() copies it to every batch.
@@ -103,7 +98,7 @@ Plan make_plan(DType t, const Layout& a, const Layout& b, int64_t M, int64_t K, 
       memory::desc a_desc = transposed_a ? contiguous_desc(a.batch, M, K, dt) : strided_desc(a, M, K, dt);
       memory::desc b_desc = strided_desc(b, K, N, dt);
       auto pd = create(a_desc, b_desc);
-      if (!is_reference(pd)) {
+      if (!onednn_is_reference(pd)) {
         plan.primitive = dnnl::matmul(pd);
         plan.a_desc = a_desc;
         plan.b_desc = b_desc;
@@ -154,20 +149,20 @@ std::string describe(DType t, const int64_t a_strides[3], const int64_t b_stride
 
 }  // namespace
 
-bool supports_matmul(DType t) {
+bool onednn_supports_matmul(DType t) {
   if (t == DType::Float32) return true;
   if (t != DType::BFloat16) return false;
-  static const bool bf16 = has_native_kernel([] {
+  static const bool bf16 = onednn_has_native_kernel([] {
     memory::desc md = contiguous_desc(1, 16, 16, memory::data_type::bf16);
-    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(md, md, md), runtime().engine);
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(md, md, md), onednn_runtime().engine);
   });
   return bf16;
 }
 
-void matmul(DType t, const void* a, const int64_t a_strides[3], const void* b,
+void onednn_matmul(DType t, const void* a, const int64_t a_strides[3], const void* b,
             const int64_t b_strides[3], void* c, int64_t batch, int64_t M, int64_t K, int64_t N) {
   KILN_CHECK(t == DType::Float32 || t == DType::BFloat16, "matmul",
-             "oneDNN matmul takes float32 or bfloat16, got {}; check onednn::supports_matmul first",
+             "oneDNN matmul takes float32 or bfloat16, got {}; check cpu::onednn_supports_matmul first",
              dtype_name(t));
   KILN_CHECK(batch >= 0 && M >= 0 && K >= 0 && N >= 0, "matmul", "negative size in {}",
              describe(t, a_strides, b_strides, batch, M, K, N));
@@ -182,16 +177,9 @@ void matmul(DType t, const void* a, const int64_t a_strides[3], const void* b,
   const Key key{static_cast<int64_t>(t), batch, M, K, N,
                 la.batch, la.strides[0], la.strides[1], la.strides[2],
                 lb.batch, lb.strides[0], lb.strides[1], lb.strides[2]};
-  Runtime& rt = runtime();
+  OnednnRuntime& rt = onednn_runtime();
   try {
-    const Plan* plan;
-    {
-      PlanCache& cache = plan_cache();
-      std::lock_guard<std::mutex> lock(cache.mutex);
-      auto it = cache.plans.find(key);
-      if (it == cache.plans.end()) it = cache.plans.emplace(key, make_plan(t, la, lb, M, K, N)).first;
-      plan = &it->second;
-    }
+    const Plan* plan = &plan_cache().get_or_create(key, [&] { return make_plan(t, la, lb, M, K, N); });
     std::vector<std::byte> a_packed, b_packed;
     if (plan->pack_a) a = pack(t, a, a_strides, la.batch, M, K, a_packed);
     if (plan->pack_b) b = pack(t, b, b_strides, lb.batch, K, N, b_packed);
@@ -215,4 +203,4 @@ void matmul(DType t, const void* a, const int64_t a_strides[3], const void* b,
   }
 }
 
-}  // namespace kiln::onednn
+}  // namespace kiln::cpu

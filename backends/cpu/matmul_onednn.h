@@ -1,21 +1,21 @@
 // Batched matrix multiply on the CPU through oneDNN, for float32 and (where the CPU has it) bfloat16.
 // Operands are described by element strides, so transposed views and broadcast batches need no copy:
 //
-//   if (kiln::onednn::supports_matmul(DType::Float32)) {
+//   if (kiln::cpu::onednn_supports_matmul(DType::Float32)) {
 //     int64_t a_strides[3] = {0, K, 1};       // one (M, K) matrix shared by every batch
 //     int64_t b_strides[3] = {K * N, 1, K};   // each (K, N) matrix stored transposed
-//     kiln::onednn::matmul(DType::Float32, a, a_strides, b, b_strides, c, batch, M, K, N);
+//     kiln::cpu::onednn_matmul(DType::Float32, a, a_strides, b, b_strides, c, batch, M, K, N);
 //   }
 #pragma once
 #include <cstdint>
 
 #include "core/dtype.h"
 
-namespace kiln::onednn {
+namespace kiln::cpu {
 
 // True when oneDNN computes matmul for this dtype on this CPU: always for float32; for bfloat16
 // only when a native (non-reference) kernel exists, probed once.
-bool supports_matmul(DType t);
+bool onednn_supports_matmul(DType t);
 
 // C[b] = A[b] @ B[b] for b in [0, batch), accumulating in fp32.
 //   a: (batch, M, K) at element strides a_strides = {batch, row, col}; batch stride 0 broadcasts
@@ -24,7 +24,7 @@ bool supports_matmul(DType t);
 // Layouts oneDNN only handles with its slow reference kernel (no unit stride in a matrix,
 // negative strides, interleaved batches) are copied to contiguous buffers first.
 // Throws kiln::Error for unsupported dtypes, negative sizes, or a oneDNN failure.
-void matmul(DType t, const void* a, const int64_t a_strides[3], const void* b,
+void onednn_matmul(DType t, const void* a, const int64_t a_strides[3], const void* b,
             const int64_t b_strides[3], void* c, int64_t batch, int64_t M, int64_t K, int64_t N);
 
-}  // namespace kiln::onednn
+}  // namespace kiln::cpu

@@ -1,4 +1,4 @@
-// What every oneDNN call in ops/ shares: one CPU engine, one stream serialised by a mutex, and a
+// What every oneDNN call in backends/cpu/ shares: one CPU engine, one stream serialised by a mutex, and a
 // guard that runs small primitives on one thread.
 #pragma once
 #include <mutex>
@@ -7,32 +7,32 @@
 #include <dnnl.hpp>
 #include <omp.h>
 
-namespace kiln::onednn {
+namespace kiln::cpu {
 
 // oneDNN streams are not meant to be shared between threads without care, so execution is
 // serialised on stream_mutex; each primitive already uses every core through OpenMP.
-struct Runtime {
+struct OnednnRuntime {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::mutex stream_mutex;
 };
 
-inline Runtime& runtime() {
-  static Runtime r;
+inline OnednnRuntime& onednn_runtime() {
+  static OnednnRuntime r;
   return r;
 }
 
 // Whether oneDNN picked its slow reference implementation for a primitive descriptor.
-template <class PrimitiveDesc> bool is_reference(const PrimitiveDesc& pd) {
+template <class PrimitiveDesc> bool onednn_is_reference(const PrimitiveDesc& pd) {
   return std::string_view(pd.impl_info_str()).starts_with("ref");
 }
 
 // Whether `make_pd()` (the descriptor of a small problem) gets a native kernel; false when oneDNN
 // refuses it. oneDNN accepts bf16 on any x86 CPU but without avx512_bf16/AMX only with its
 // reference kernel, which is no faster than kiln's own loops, so that counts as unsupported.
-template <class MakePd> bool has_native_kernel(MakePd make_pd) {
+template <class MakePd> bool onednn_has_native_kernel(MakePd make_pd) {
   try {
-    return !is_reference(make_pd());
+    return !onednn_is_reference(make_pd());
   } catch (const dnnl::error&) {
     return false;
   }
@@ -55,4 +55,4 @@ class SmallWorkOnOneThread {
   int saved_;
 };
 
-}  // namespace kiln::onednn
+}  // namespace kiln::cpu

@@ -7,7 +7,8 @@
 #include "jit/random_prelude.h"
 #include "jit/render_common.h"
 
-namespace kiln::jit {
+namespace kiln::cpu {
+using namespace kiln::jit;  // the kernel IR and the render tables this renderer fills in
 
 namespace {
 
@@ -200,4 +201,4 @@ std::string render_cpp(const std::vector<Kernel>& kernels) {
   return src;
 }
 
-}  // namespace kiln::jit
+}  // namespace kiln::cpu

@@ -6,13 +6,13 @@
 
 #include "jit/kernel_ir.h"
 
-namespace kiln::jit {
+namespace kiln::cpu {
 
 // Every generated kernel has this signature; `buffers` is indexed by plan slot, `error` receives
 // an out-of-range index (error[0] = value, error[1] = 1) instead of reading out of bounds.
 using KernelFn = void (*)(void* const* buffers, const double* scalars, const int64_t* int_scalars, int64_t* error);
 
 // Source of all JIT kernels (not Matmul) of a plan, each an extern "C" function named k.name.
-std::string render_cpp(const std::vector<Kernel>& kernels);
+std::string render_cpp(const std::vector<jit::Kernel>& kernels);
 
-}  // namespace kiln::jit
+}  // namespace kiln::cpu

@@ -4,7 +4,8 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_kernels.h"
-#include "backends/cuda/cuda_library.h"
+#include "backends/cuda/cublaslt.h"
+#include "backends/cuda/cudnn.h"
 #include "backends/cuda/cuda_runtime.h"
 #include "backends/cuda/render_cuda.h"
 #include "core/error.h"
@@ -20,7 +21,7 @@ namespace {
 // them the kernels' scratch buffer (not copied).
 class DeviceRun final : public jit::KernelRun {
  public:
-  DeviceRun(const jit::CudaKernels& kernels, const std::vector<jit::Kernel>& plan_kernels,
+  DeviceRun(const CudaKernels& kernels, const std::vector<jit::Kernel>& plan_kernels,
             const std::vector<int>& fallible, const std::vector<int>& error_pair, Device device,
             const std::vector<double>& scalars, const std::vector<int64_t>& ints)
       : kernels_(kernels), plan_kernels_(plan_kernels), fallible_(fallible), error_pair_(error_pair), device_(device) {
@@ -58,7 +59,7 @@ class DeviceRun final : public jit::KernelRun {
   }
 
  private:
-  const jit::CudaKernels& kernels_;
+  const CudaKernels& kernels_;
   const std::vector<jit::Kernel>& plan_kernels_;
   const std::vector<int>& fallible_;
   const std::vector<int>& error_pair_;
@@ -87,7 +88,7 @@ class DeviceKernels final : public jit::CompiledKernels {
  private:
   std::vector<jit::Kernel> kernels_;
   Device device_;
-  jit::CudaKernels compiled_;
+  CudaKernels compiled_;
   std::vector<int> fallible_;    // kernels that may report an index out of range, in order
   std::vector<int> error_pair_;  // per kernel: its index-error pair (0 if it cannot fail)
 };
@@ -95,7 +96,7 @@ class DeviceKernels final : public jit::CompiledKernels {
 }  // namespace
 
 std::vector<int> CudaBackend::row_groups(const std::vector<jit::Kernel>& kernels) const {
-  return jit::cuda_row_groups(kernels);
+  return cuda_row_groups(kernels);
 }
 
 std::unique_ptr<jit::CompiledKernels> CudaBackend::compile(const std::vector<jit::Kernel>& kernels, Device device,
@@ -114,10 +115,10 @@ void CudaBackend::run_library(const jit::Kernel& k, void* const* ptrs, Device de
     const size_t es = dtype_size(t);
     const char* a = static_cast<const char*>(ptrs[k.buffers[mm.a_buffer].slot]) + mm.a_offset * es;
     const char* b = static_cast<const char*>(ptrs[k.buffers[mm.b_buffer].slot]) + mm.b_offset * es;
-    cuda_library::matmul(device.index, t, a, mm.a_strides, b, mm.b_strides, out, mm.batch, mm.M, mm.K, mm.N);
+    cublaslt_matmul(device.index, t, a, mm.a_strides, b, mm.b_strides, out, mm.batch, mm.M, mm.K, mm.N);
   } else {
     const jit::ConvCall& c = k.conv;
-    cuda_library::conv2d(device.index, c.pass, t, c.geometry, ptrs[k.buffers[c.a_buffer].slot],
+    cudnn_conv2d(device.index, c.pass, t, c.geometry, ptrs[k.buffers[c.a_buffer].slot],
                          ptrs[k.buffers[c.b_buffer].slot], out);
   }
 }

@@ -12,7 +12,7 @@
 #include "backends/cuda/cuda_prelude.h"
 #include "jit/random_prelude.h"
 
-namespace kiln::jit::emulator {
+namespace kiln::cuda::emulator {
 
 namespace {
 
@@ -139,7 +139,7 @@ void run_block(size_t threads, const std::string& function) {
 }  // namespace
 
 std::string host_source(const CudaSource& cuda) {
-  std::string source = std::string(kCudaEmulatorTypes) + kCudaPrelude + kRandomPrelude + cuda.functions;
+  std::string source = std::string(kCudaEmulatorTypes) + kCudaPrelude + jit::kRandomPrelude + cuda.functions;
   source += "\n// Entries taking a launch's argument array.\n";
   for (size_t k = 0; k < cuda.launches.size(); ++k) {
     if (cuda.launches[k].empty()) continue;
@@ -152,7 +152,7 @@ std::string host_source(const CudaSource& cuda) {
   return source;
 }
 
-Entry entry(const CompiledModule& module, const std::string& function) {
+Entry entry(const cpu::CompiledModule& module, const std::string& function) {
   using Bind = unsigned long (*)(State*);
   auto bind = reinterpret_cast<Bind>(module.symbol("kiln_emu_bind"));
   KILN_CHECK(bind(&g_state) == sizeof(State), "cuda emulator",
@@ -184,4 +184,4 @@ void launch(Entry entry, const CudaLaunch& launch, void** args) {
   KILN_CHECK(g_fault.empty(), "cuda emulator", "kernel `{}`: {}", launch.function, g_fault);
 }
 
-}  // namespace kiln::jit::emulator
+}  // namespace kiln::cuda::emulator

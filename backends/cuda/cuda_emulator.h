@@ -19,7 +19,7 @@
 #include "jit/kernel_ir.h"
 #include "backends/cuda/render_cuda.h"
 
-namespace kiln::jit::emulator {
+namespace kiln::cuda::emulator {
 
 // A function's host entry point: takes the launch's argument array (pointers to each argument).
 using Entry = void (*)(void** args);
@@ -30,10 +30,10 @@ std::string host_source(const CudaSource& cuda);
 
 // The entry of `function` in a module compiled from host_source (binding the module to the
 // emulator on first use).
-Entry entry(const CompiledModule& module, const std::string& function);
+Entry entry(const cpu::CompiledModule& module, const std::string& function);
 
 // Runs one launch to completion. Every kiln kernel is written for any grid size (grid-stride
 // loops), so only a few blocks are emulated, each with launch.threads fibers.
 void launch(Entry entry, const CudaLaunch& launch, void** args);
 
-}  // namespace kiln::jit::emulator
+}  // namespace kiln::cuda::emulator

@@ -6,7 +6,7 @@
 // of a launch take turns on one OS thread and switch only at barriers and shuffles.
 #pragma once
 
-namespace kiln::jit {
+namespace kiln::cuda {
 
 inline constexpr const char* kCudaEmulatorTypes = R"KILN(
 #include <stdint.h>
@@ -97,4 +97,4 @@ static inline unsigned int atomicCAS(unsigned int* p, unsigned int compare, unsi
 }
 )KILN";
 
-}  // namespace kiln::jit
+}  // namespace kiln::cuda

@@ -10,7 +10,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-namespace kiln::jit {
+namespace kiln::cuda {
 
 namespace {
 
@@ -27,12 +27,12 @@ std::string cuda_arch(int device) {
   return fmt::format("sm_{}{}", info.major, info.minor);
 }
 
-CudaKernels::CudaKernels(const std::vector<Kernel>& kernels, int device, const std::vector<int>& groups)
+CudaKernels::CudaKernels(const std::vector<jit::Kernel>& kernels, int device, const std::vector<int>& groups)
     : device_(device), source_(render_cuda(kernels, groups)) {
   cuda::check_device(Device::cuda(device), "CUDA kernels");
   functions_.resize(kernels.size());
   if (cuda::emulated()) {
-    host_module_ = compile_cached(emulator::host_source(source_), source_.function_count);
+    host_module_ = cpu::compile_cached(emulator::host_source(source_), source_.function_count);
     for (size_t k = 0; k < kernels.size(); ++k)
       for (const CudaLaunch& l : source_.launches[k])
         functions_[k].push_back({l, reinterpret_cast<const void*>(emulator::entry(*host_module_, l.function))});
@@ -80,4 +80,4 @@ void CudaKernels::launch(size_t k, void** args) const {
   }
 }
 
-}  // namespace kiln::jit
+}  // namespace kiln::cuda

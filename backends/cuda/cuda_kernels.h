@@ -16,13 +16,13 @@
 #include "backends/cuda/nvrtc.h"
 #include "backends/cuda/render_cuda.h"
 
-namespace kiln::jit {
+namespace kiln::cuda {
 
 class CudaKernels {
  public:
   // Renders, compiles (or finds in the caches) and loads the JIT kernels among `kernels`, with
   // the row groups `groups` (cuda_row_groups; empty: none).
-  CudaKernels(const std::vector<Kernel>& kernels, int device, const std::vector<int>& groups = {});
+  CudaKernels(const std::vector<jit::Kernel>& kernels, int device, const std::vector<int>& groups = {});
   ~CudaKernels();
   CudaKernels(const CudaKernels&) = delete;
   CudaKernels& operator=(const CudaKernels&) = delete;
@@ -45,10 +45,10 @@ class CudaKernels {
   std::vector<std::vector<Function>> functions_;  // per kernel
   std::shared_ptr<const Cubin> cubin_;            // a GPU's
   void* library_ = nullptr;                       // its cudaLibrary_t
-  std::shared_ptr<CompiledModule> host_module_;   // the emulator's
+  std::shared_ptr<cpu::CompiledModule> host_module_;   // the emulator's
 };
 
 // "sm_90" for a device of compute capability 9.0.
 std::string cuda_arch(int device);
 
-}  // namespace kiln::jit
+}  // namespace kiln::cuda

@@ -7,7 +7,7 @@
 // accumulator type, atomic adds of any element type, block-wide folds).
 #pragma once
 
-namespace kiln::jit {
+namespace kiln::cuda {
 
 inline constexpr const char* kCudaTypes = R"KILN(
 #include <cuda_fp16.h>
@@ -140,4 +140,4 @@ template <bool kSum, class T> static __device__ __forceinline__ T kiln_block_fol
 }
 )KILN";
 
-}  // namespace kiln::jit
+}  // namespace kiln::cuda

@@ -294,7 +294,7 @@ struct Staging {
   std::mutex mutex;
   bool tried = false;
   unsigned char* buffer = nullptr;
-  memory::StagingRing ring{kStagingBytes};
+  StagingRing ring{kStagingBytes};
   std::vector<std::unique_ptr<Event>> events;
   std::vector<Event*> free_events;
 };

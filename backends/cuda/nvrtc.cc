@@ -26,7 +26,7 @@
 #define KILN_CUDA_INCLUDE_DIR "/usr/local/cuda/include"
 #endif
 
-namespace kiln::jit {
+namespace kiln::cuda {
 namespace fs = std::filesystem;
 
 #if KILN_WITH_CUDA
@@ -146,7 +146,7 @@ std::shared_ptr<const Cubin> compile_cuda_cached(const std::string& source, cons
              "nvrtc", "'{}' is not a GPU architecture like sm_90", arch);
   std::string keyed = source + '\0' + arch + '\0' + nvrtc_version();
   for (const std::string& option : compile_options()) keyed += '\0' + option;
-  const std::string key = hash_hex(keyed);
+  const std::string key = jit::hash_hex(keyed);
   CubinCache& cache = cubin_cache();
   std::lock_guard lock(cache.mutex);
   if (auto found = cache.cubins.find(key); found != cache.cubins.end()) return found->second;
@@ -154,7 +154,7 @@ std::shared_ptr<const Cubin> compile_cuda_cached(const std::string& source, cons
   auto cubin = std::make_shared<Cubin>();
   cubin->key = key;
   cubin->arch = arch;
-  const fs::path directory = cache_directory();
+  const fs::path directory = jit::cache_directory();
   const fs::path cubin_path = directory / (key + ".cubin");
   const fs::path source_path = directory / (key + ".cu");
   std::error_code error;
@@ -175,10 +175,10 @@ std::shared_ptr<const Cubin> compile_cuda_cached(const std::string& source, cons
     const auto start = std::chrono::steady_clock::now();
     if (flags().log >= 3) fmt::print(stderr, "[kiln] CUDA source of module {}:\n{}\n", key, source);
     // The source goes to the cache directory first, so an error message can point at it.
-    write_file_atomically(source_path.string(), source);
+    jit::write_file_atomically(source_path.string(), source);
     cubin->image = compile(source, arch, source_path, function_count);
     if (flags().disk_cache) {
-      write_file_atomically(cubin_path.string(), cubin->image);
+      jit::write_file_atomically(cubin_path.string(), cubin->image);
       cubin->path = cubin_path.string();
     } else {
       fs::remove(source_path, error);
@@ -222,4 +222,4 @@ void clear_cuda_memory_cache() {}
 
 #endif
 
-}  // namespace kiln::jit
+}  // namespace kiln::cuda

@@ -3,16 +3,16 @@
 // kernels (flags().cache_dir), keyed by source + arch + NVRTC version + options. Loading and
 // launching the cubin is the CUDA runtime's job (never linked against libcuda here).
 //
-//   if (kiln::jit::nvrtc_available()) {
+//   if (kiln::cuda::nvrtc_available()) {
 //     CudaSource cuda = render_cuda(kernels);
-//     auto cubin = kiln::jit::compile_cuda_cached(cuda.source, "sm_90", cuda.function_count);
+//     auto cubin = kiln::cuda::compile_cuda_cached(cuda.source, "sm_90", cuda.function_count);
 //     cubin->image;   // ELF bytes for cudaLibraryLoadData
 //   }
 #pragma once
 #include <memory>
 #include <string>
 
-namespace kiln::jit {
+namespace kiln::cuda {
 
 struct Cubin {
   std::string key;    // hash of the source, arch, NVRTC version and options
@@ -41,4 +41,4 @@ std::string cuda_ptx(const std::string& source, const std::string& virtual_arch)
 // Forgets the cubins kept in memory (for tests).
 void clear_cuda_memory_cache();
 
-}  // namespace kiln::jit
+}  // namespace kiln::cuda

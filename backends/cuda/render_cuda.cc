@@ -9,7 +9,8 @@
 #include "jit/random_prelude.h"
 #include "jit/render_common.h"
 
-namespace kiln::jit {
+namespace kiln::cuda {
+using namespace kiln::jit;  // the kernel IR and the render tables this renderer fills in
 
 namespace {
 
@@ -467,10 +468,6 @@ std::vector<CudaLaunch> CudaKernelRenderer::render(std::string& out) {
   return launches;
 }
 
-}  // namespace
-
-namespace {
-
 // Whether kernel `k` can be a phase of a row group over rows of `rows` x `cols`: row `o` of its
 // output depends on row `o` of what it reads (checked by the group for earlier outputs).
 bool row_shaped(const Kernel& k, int64_t rows, int64_t cols) {
@@ -599,4 +596,4 @@ CudaSource render_cuda(const std::vector<Kernel>& kernels, const std::vector<int
   return result;
 }
 
-}  // namespace kiln::jit
+}  // namespace kiln::cuda

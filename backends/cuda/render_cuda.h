@@ -9,17 +9,17 @@
 //   Cubin cubin = compile_cuda_cached(cuda.source, "sm_90");      // backends/cuda/nvrtc.h
 //   for (const CudaLaunch& l : cuda.launches[k])                  // in order, on one stream:
 //     launch l.function with <<<l.blocks, l.threads>>> and the arguments
-//     (buffers of kernel k in Kernel::buffers order, then sc, isc, err, scratch: device pointers)
+//     (buffers of kernel k in jit::Kernel::buffers order, then sc, isc, err, scratch: device pointers)
 #pragma once
 #include <string>
 #include <vector>
 
 #include "jit/kernel_ir.h"
 
-namespace kiln::jit {
+namespace kiln::cuda {
 
 // One __global__ function launch of a kernel. Every function of a kernel takes the same
-// parameters: a typed pointer per Kernel::buffers entry (buffers[0], the output, first), then
+// parameters: a typed pointer per jit::Kernel::buffers entry (buffers[0], the output, first), then
 // `const double* sc`, `const int64_t* isc` and `int64_t* err`, as the CPU kernels get them
 // (render_cpp.h): bound scalars by slot, Rand seed/offset pairs, the out-of-range index slot;
 // last `void* plan_scratch`, CudaSource::scratch_bytes of device memory that one kernel's functions
@@ -37,7 +37,7 @@ struct CudaSource {
   std::vector<std::vector<CudaLaunch>> launches;  // per kernel of the plan; empty for library kernels
                                                   // and for the later phases of a row group
   // Per kernel with launches: the plan slots its functions take as buffer parameters, in order
-  // (Kernel::buffers, or a row group's union), and every parameter's type (then sc, isc, err,
+  // (jit::Kernel::buffers, or a row group's union), and every parameter's type (then sc, isc, err,
   // scratch).
   std::vector<std::vector<int>> parameter_slots;
   std::vector<std::vector<std::string>> parameter_types;
@@ -51,11 +51,11 @@ struct CudaSource {
 // per kernel, the first kernel of its group (itself when alone). A plan that uses the groups must
 // plan memory as if each group were one kernel: its buffers live from the group's start to its
 // end, and no phase writes over its inputs.
-std::vector<int> cuda_row_groups(const std::vector<Kernel>& kernels);
+std::vector<int> cuda_row_groups(const std::vector<jit::Kernel>& kernels);
 
 // Source of all JIT kernels (not Matmul or Conv) of a plan; `groups` from cuda_row_groups (empty:
 // every kernel alone).
-CudaSource render_cuda(const std::vector<Kernel>& kernels, const std::vector<int>& groups = {});
+CudaSource render_cuda(const std::vector<jit::Kernel>& kernels, const std::vector<int>& groups = {});
 
 
-}  // namespace kiln::jit
+}  // namespace kiln::cuda

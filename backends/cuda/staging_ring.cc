@@ -2,7 +2,7 @@
 
 #include "core/error.h"
 
-namespace kiln::memory {
+namespace kiln::cuda {
 
 void StagingRing::pop() {
   in_use_.pop_front();
@@ -37,4 +37,4 @@ void StagingRing::reclaim(const std::function<bool(void*)>& done) {
   while (!in_use_.empty() && done(in_use_.front().token)) pop();
 }
 
-}  // namespace kiln::memory
+}  // namespace kiln::cuda

@@ -12,7 +12,7 @@
 #include <deque>
 #include <functional>
 
-namespace kiln::memory {
+namespace kiln::cuda {
 
 class StagingRing {
  public:
@@ -41,4 +41,4 @@ class StagingRing {
   std::deque<Region> in_use_;  // in allocation order: the arc from front().begin to head_
 };
 
-}  // namespace kiln::memory
+}  // namespace kiln::cuda

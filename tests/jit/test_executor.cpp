@@ -203,7 +203,7 @@ TEST_CASE("a corrupted kernel cache file is rebuilt", "[jit][cache]") {
     FlagsGuard guard;
     flags().use_cuda = false;  // the host compiler's cache files (NVRTC's are tested in test_cuda_render)
     flags().cache_dir = dir;
-    jit::clear_memory_cache();
+    cpu::clear_memory_cache();
     jit::clear_plan_cache();
     Tensor x = from_vector<float>(ramp(100), {10, 10});
     auto expected = (cos(x) * 3.0).to_vector<float>();
@@ -218,12 +218,12 @@ TEST_CASE("a corrupted kernel cache file is rebuilt", "[jit][cache]") {
         corrupted++;
       }
     CHECK(corrupted == 1);
-    jit::clear_memory_cache();
+    cpu::clear_memory_cache();
     jit::clear_plan_cache();
     int64_t compiled = jit::stats().kernels_compiled;
     CHECK((cos(x) * 3.0).to_vector<float>() == expected);
     CHECK(jit::stats().kernels_compiled > compiled);  // rebuilt, not loaded
-    jit::clear_memory_cache();
+    cpu::clear_memory_cache();
     jit::clear_plan_cache();
   }
   std::filesystem::remove_all(dir);

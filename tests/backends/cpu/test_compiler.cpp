@@ -16,7 +16,7 @@
 #include "jit/stats.h"
 
 namespace fs = std::filesystem;
-using kiln::jit::compile_cached;
+using kiln::cpu::compile_cached;
 using kiln::jit::stats;
 
 namespace {
@@ -24,7 +24,7 @@ namespace {
 const std::string kAdd1Source = R"(extern "C" int add1(int x) { return x + 1; })";
 const std::string kTimes2Source = R"(extern "C" int times2(int x) { return x * 2; })";
 
-int call(const kiln::jit::CompiledModule& module, const char* name, int argument) {
+int call(const kiln::cpu::CompiledModule& module, const char* name, int argument) {
   using IntFunction = int (*)(int);
   return reinterpret_cast<IntFunction>(module.symbol(name))(argument);
 }
@@ -40,11 +40,11 @@ struct FreshJit {
     kiln::flags().cache_dir = cache_dir.string();
     kiln::flags().disk_cache = true;
     kiln::flags().log = 0;
-    kiln::jit::clear_memory_cache();
+    kiln::cpu::clear_memory_cache();
     kiln::jit::reset_stats();
   }
   ~FreshJit() {
-    kiln::jit::clear_memory_cache();  // unloads the modules before their files go
+    kiln::cpu::clear_memory_cache();  // unloads the modules before their files go
     std::error_code error;
     fs::remove_all(cache_dir, error);
   }
@@ -112,7 +112,7 @@ TEST_CASE("jit reuses a module from memory", "[jit]") {
 TEST_CASE("jit reuses a module from disk in a fresh process", "[jit]") {
   FreshJit jit;
   std::string key = compile_cached(kAdd1Source, 1)->key();
-  kiln::jit::clear_memory_cache();
+  kiln::cpu::clear_memory_cache();
 
   auto reloaded = compile_cached(kAdd1Source, 1);
   CHECK(reloaded->key() == key);
@@ -137,14 +137,14 @@ TEST_CASE("jit rebuilds a damaged cache file", "[jit]") {
   const std::string good_bytes = read_bytes(so_path);
   REQUIRE(good_bytes.size() > 1000);
   module.reset();
-  kiln::jit::clear_memory_cache();  // the module is now unloaded, as in a new process
+  kiln::cpu::clear_memory_cache();  // the module is now unloaded, as in a new process
 
   SECTION("garbage") { replace_file(so_path, "this is not a shared object\n"); }
   SECTION("truncated to half its size") { replace_file(so_path, good_bytes.substr(0, good_bytes.size() / 2)); }
   SECTION("empty") { replace_file(so_path, ""); }
   SECTION("a valid module of another key") {
     const std::string other_path = compile_cached(kTimes2Source, 1)->path();
-    kiln::jit::clear_memory_cache();
+    kiln::cpu::clear_memory_cache();
     replace_file(so_path, read_bytes(other_path));
   }
 
@@ -156,7 +156,7 @@ TEST_CASE("jit rebuilds a damaged cache file", "[jit]") {
 
   // The rebuilt file is whole again: a fresh process loads it from disk.
   rebuilt.reset();
-  kiln::jit::clear_memory_cache();
+  kiln::cpu::clear_memory_cache();
   auto reloaded = compile_cached(kAdd1Source, 1);
   CHECK(call(*reloaded, "add1", 0) == 1);
   CHECK(stats().disk_cache_hits == 1);
@@ -198,7 +198,7 @@ TEST_CASE("jit with disk_cache off leaves no shared object behind", "[jit]") {
 TEST_CASE("jit compiles once when threads ask for the same module", "[jit]") {
   FreshJit jit;
   constexpr int kThreads = 8;
-  std::vector<std::shared_ptr<kiln::jit::CompiledModule>> modules(kThreads);
+  std::vector<std::shared_ptr<kiln::cpu::CompiledModule>> modules(kThreads);
   std::vector<std::thread> threads;
   for (int i = 0; i < kThreads; ++i) threads.emplace_back([&modules, i] { modules[i] = compile_cached(kTimes2Source, 1); });
   for (auto& thread : threads) thread.join();

@@ -63,7 +63,7 @@ void check(const MatmulCase& cs, double rel_tol) {
   for (size_t i = 0; i < c_count; ++i)
     kiln::store_from_double(c.data(), cs.dtype, i, std::numeric_limits<double>::quiet_NaN());
 
-  kiln::onednn::matmul(cs.dtype, a.data(), a.strides, b.data(), b.strides, c.data(), cs.batch, cs.M, cs.K, cs.N);
+  kiln::cpu::onednn_matmul(cs.dtype, a.data(), a.strides, b.data(), b.strides, c.data(), cs.batch, cs.M, cs.K, cs.N);
 
   int64_t bad = 0;
   double worst = 0;
@@ -114,14 +114,14 @@ void check_broadcast(DType t, double tol) {
 }  // namespace
 
 TEST_CASE("onednn matmul: float32 is always supported, integers never", "[ops][matmul][onednn]") {
-  CHECK(kiln::onednn::supports_matmul(DType::Float32));
-  CHECK_FALSE(kiln::onednn::supports_matmul(DType::Int32));
-  CHECK_FALSE(kiln::onednn::supports_matmul(DType::Float64));
+  CHECK(kiln::cpu::onednn_supports_matmul(DType::Float32));
+  CHECK_FALSE(kiln::cpu::onednn_supports_matmul(DType::Int32));
+  CHECK_FALSE(kiln::cpu::onednn_supports_matmul(DType::Float64));
   const int64_t s[3] = {1, 1, 1};
   int32_t x = 1, y = 1, z = 0;
-  CHECK_THROWS_AS(kiln::onednn::matmul(DType::Int32, &x, s, &y, s, &z, 1, 1, 1, 1), kiln::Error);
+  CHECK_THROWS_AS(kiln::cpu::onednn_matmul(DType::Int32, &x, s, &y, s, &z, 1, 1, 1, 1), kiln::Error);
   float f = 1, g = 1, h = 0;
-  CHECK_THROWS_AS(kiln::onednn::matmul(DType::Float32, &f, s, &g, s, &h, 1, -1, 1, 1), kiln::Error);
+  CHECK_THROWS_AS(kiln::cpu::onednn_matmul(DType::Float32, &f, s, &g, s, &h, 1, -1, 1, 1), kiln::Error);
 }
 
 TEST_CASE("onednn matmul: float32 contiguous, odd sizes", "[ops][matmul][onednn]") {
@@ -150,12 +150,12 @@ TEST_CASE("onednn matmul: empty sizes", "[ops][matmul][onednn]") {
   std::vector<float> c(6, 7.0f);
   float unused = 0;
   // K == 0 is an empty sum: C must be all zeros.
-  kiln::onednn::matmul(DType::Float32, &unused, s, &unused, s, c.data(), 2, 1, 0, 3);
+  kiln::cpu::onednn_matmul(DType::Float32, &unused, s, &unused, s, c.data(), 2, 1, 0, 3);
   for (float v : c) CHECK(v == 0.0f);
   // Nothing to compute: C is left alone.
   std::vector<float> d(1, 7.0f);
-  kiln::onednn::matmul(DType::Float32, &unused, s, &unused, s, d.data(), 0, 1, 1, 1);
-  kiln::onednn::matmul(DType::Float32, &unused, s, &unused, s, d.data(), 1, 0, 1, 1);
+  kiln::cpu::onednn_matmul(DType::Float32, &unused, s, &unused, s, d.data(), 0, 1, 1, 1);
+  kiln::cpu::onednn_matmul(DType::Float32, &unused, s, &unused, s, d.data(), 1, 0, 1, 1);
   CHECK(d[0] == 7.0f);
 }
 
@@ -169,7 +169,7 @@ TEST_CASE("onednn matmul: concurrent callers share the primitive cache", "[ops][
       const int64_t as[3] = {M * K, K, 1}, bs[3] = {K * N, N, 1};
       std::vector<float> a(M * K, 1.0f), b(K * N, 2.0f), c(M * N);
       for (int rep = 0; rep < 20; ++rep) {
-        kiln::onednn::matmul(DType::Float32, a.data(), as, b.data(), bs, c.data(), 1, M, K, N);
+        kiln::cpu::onednn_matmul(DType::Float32, a.data(), as, b.data(), bs, c.data(), 1, M, K, N);
         for (float v : c) failures[t] += v != 2.0f * K;
       }
     });
@@ -178,7 +178,7 @@ TEST_CASE("onednn matmul: concurrent callers share the primitive cache", "[ops][
 }
 
 TEST_CASE("onednn matmul: bfloat16", "[ops][matmul][onednn]") {
-  if (!kiln::onednn::supports_matmul(DType::BFloat16)) {
+  if (!kiln::cpu::onednn_supports_matmul(DType::BFloat16)) {
     WARN("oneDNN has no native bfloat16 matmul on this CPU; skipped");
     return;
   }

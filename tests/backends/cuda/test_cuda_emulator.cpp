@@ -14,7 +14,10 @@
 #include "backends/cuda/cuda_emulator_prelude.h"
 
 using namespace kiln;
-using namespace kiln::jit;
+using kiln::cpu::CompiledModule;
+using kiln::cpu::compile_cached;
+using kiln::cuda::kCudaEmulatorTypes;
+namespace emulator = kiln::cuda::emulator;
 
 namespace {
 

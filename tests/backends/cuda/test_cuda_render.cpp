@@ -55,7 +55,7 @@ class CudaCompileCheck {
     jit::Program schedule = jit::lower_for(targets);
     graphs_++;
     // Row groups as a CUDA plan forms them (never across a library kernel or another graph).
-    const std::vector<int> groups = jit::cuda_row_groups(schedule.kernels);
+    const std::vector<int> groups = cuda::cuda_row_groups(schedule.kernels);
     std::vector<int> position(schedule.kernels.size(), -1);
     for (size_t i = 0; i < schedule.kernels.size(); ++i) {
       jit::Kernel& k = schedule.kernels[i];
@@ -86,10 +86,10 @@ class CudaCompileCheck {
 
   void flush() {
     if (pending_.empty()) return;
-    jit::CudaSource cuda = jit::render_cuda(pending_, groups_);
+    cuda::CudaSource cuda = cuda::render_cuda(pending_, groups_);
     for (const char* arch : {"sm_80", "sm_90"}) {
       try {
-        auto cubin = jit::compile_cuda_cached(cuda.source, arch, cuda.function_count);
+        auto cubin = cuda::compile_cuda_cached(cuda.source, arch, cuda.function_count);
         cached_ += cubin->from_disk;
         CHECK(!cubin->image.empty());
       } catch (const Error& e) {
@@ -106,7 +106,7 @@ class CudaCompileCheck {
     for (size_t at = cuda.functions.find("kiln_vstore<"); at != std::string::npos; at = cuda.functions.find("kiln_vstore<", at + 1))
       vector_paths_++;
     for (const auto& launches : cuda.launches)
-      for (const jit::CudaLaunch& l : launches) split_functions_ += l.function.size() > 6 && l.function.substr(l.function.size() - 6) == "_parts";
+      for (const cuda::CudaLaunch& l : launches) split_functions_ += l.function.size() > 6 && l.function.substr(l.function.size() - 6) == "_parts";
     pending_.clear();
     groups_.clear();
     names_.clear();
@@ -290,8 +290,7 @@ void composite_graphs(CudaCompileCheck& check) {
     Tensor w = input({80}, DType::Float32, 0.01, 0.0).requires_grad_();
     Tensor b = input({80}, DType::Float32, 0.02, 0.1).requires_grad_();
     Tensor y = layer_norm(x, {80}, w, b);
-    Tensor loss = cross_entropy(y, labels(12, 80), CrossEntropyOptions().label_smoothing(0.1)) +
-                  sum(softmax(x) * gelu(x)) + mean(silu(x));
+    Tensor loss = cross_entropy(y, labels(12, 80), CrossEntropyOptions().label_smoothing(0.1)) + sum(softmax(x) * gelu(x)) + mean(silu(x));
     std::vector<Tensor> outputs = grad(loss, {x, w, b});
     outputs.push_back(loss);
     return outputs;
@@ -365,7 +364,7 @@ void training_graphs(CudaCompileCheck& check) {
 }  // namespace
 
 TEST_CASE("every kernel of the test graphs renders to CUDA and compiles with NVRTC", "[cuda][jit]") {
-  if (!jit::nvrtc_available()) {
+  if (!cuda::nvrtc_available()) {
     WARN("SKIPPED: kiln was built without the CUDA toolkit (no NVRTC); CUDA kernels not compiled");
     return;
   }
@@ -387,7 +386,7 @@ TEST_CASE("every kernel of the test graphs renders to CUDA and compiles with NVR
                    "[cuda] NVRTC {}: {} kernels ({} CUDA functions) from {} graphs compiled for sm_80 and sm_90 in {} "
                    "programs ({} from the disk cache), {:.1f} s; {} row groups; {} elementwise kernels with a 16-byte vector path; {} split reductions; {} library kernels skipped; graphs the op "
                    "library refused:{}\n",
-                   jit::nvrtc_version(), check.kernels(), check.functions(), check.graphs(), check.programs(),
+                   cuda::nvrtc_version(), check.kernels(), check.functions(), check.graphs(), check.programs(),
                    check.cached(), seconds, check.row_groups(), check.vector_paths(), check.split_functions(), check.library_kernels(), refused.empty() ? " none" : refused)
             << std::flush;
   CHECK(check.failures() == 0);
@@ -399,36 +398,36 @@ TEST_CASE("every kernel of the test graphs renders to CUDA and compiles with NVR
 }
 
 TEST_CASE("NVRTC reports a compile error with its log and the saved source", "[cuda][jit]") {
-  if (!jit::nvrtc_available()) {
+  if (!cuda::nvrtc_available()) {
     WARN("SKIPPED: kiln was built without the CUDA toolkit (no NVRTC)");
     return;
   }
   const std::string source = "extern \"C\" __global__ void broken(float* x) { x[0] = undeclared_name; }\n";
   try {
-    jit::compile_cuda_cached(source, "sm_80", 1);
+    cuda::compile_cuda_cached(source, "sm_80", 1);
     FAIL("a broken kernel compiled");
   } catch (const Error& e) {
     const std::string message = e.what();
     CHECK(message.find("undeclared_name") != std::string::npos);
     CHECK(message.find(".cu") != std::string::npos);
   }
-  CHECK_THROWS_AS(jit::compile_cuda_cached(source, "compute_bogus", 1), Error);
+  CHECK_THROWS_AS(cuda::compile_cuda_cached(source, "compute_bogus", 1), Error);
 }
 
 TEST_CASE("NVRTC cubins are cached by source and architecture", "[cuda][jit]") {
-  if (!jit::nvrtc_available()) {
+  if (!cuda::nvrtc_available()) {
     WARN("SKIPPED: kiln was built without the CUDA toolkit (no NVRTC)");
     return;
   }
   Tensor a = input({10, 20}, DType::Float32);
   std::vector<NodePtr> targets = {(exp(a) + 1.0).node()};
-  jit::CudaSource cuda = jit::render_cuda(jit::lower_for(targets).kernels);
-  auto sm80 = jit::compile_cuda_cached(cuda.source, "sm_80", cuda.function_count);
-  auto sm90 = jit::compile_cuda_cached(cuda.source, "sm_90", cuda.function_count);
+  cuda::CudaSource cuda = cuda::render_cuda(jit::lower_for(targets).kernels);
+  auto sm80 = cuda::compile_cuda_cached(cuda.source, "sm_80", cuda.function_count);
+  auto sm90 = cuda::compile_cuda_cached(cuda.source, "sm_90", cuda.function_count);
   CHECK(sm80->key != sm90->key);
-  CHECK(jit::compile_cuda_cached(cuda.source, "sm_80", cuda.function_count) == sm80);  // memory
-  jit::clear_cuda_memory_cache();
-  auto again = jit::compile_cuda_cached(cuda.source, "sm_80", cuda.function_count);  // disk
+  CHECK(cuda::compile_cuda_cached(cuda.source, "sm_80", cuda.function_count) == sm80);  // memory
+  cuda::clear_cuda_memory_cache();
+  auto again = cuda::compile_cuda_cached(cuda.source, "sm_80", cuda.function_count);  // disk
   CHECK(again->image == sm80->image);
   CHECK(again->from_disk == flags().disk_cache);
   REQUIRE(cuda.launches.size() == 1);
@@ -447,7 +446,7 @@ std::string cuda_function_of(const std::function<Tensor()>& make) {
   for (const jit::Kernel& k : schedule.kernels) kernels += k.summary + "; ";
   INFO(kernels);
   REQUIRE(schedule.kernels.size() == 1);
-  return jit::render_cuda(schedule.kernels).functions;
+  return cuda::render_cuda(schedule.kernels).functions;
 }
 
 size_t count(const std::string& text, const std::string& what) {
@@ -508,7 +507,7 @@ TEST_CASE("reductions of long rows into few outputs render as parts and a fold o
     std::vector<NodePtr> targets = {out.node()};
     jit::Program schedule = jit::lower_for(targets);
     REQUIRE(schedule.kernels.size() == 1);
-    jit::CudaSource cuda = jit::render_cuda(schedule.kernels);
+    cuda::CudaSource cuda = cuda::render_cuda(schedule.kernels);
     REQUIRE(cuda.launches[0].size() == 2);
     CHECK(cuda.launches[0][1].function == cuda.launches[0][0].function + "_parts");
     CHECK(cuda.launches[0][0].blocks == blocks);  // every SM busy, not one block per output
@@ -518,7 +517,7 @@ TEST_CASE("reductions of long rows into few outputs render as parts and a fold o
   Tensor many = input({512, 2048}, DType::Float32);
   Tensor out = sum(many, {1});
   std::vector<NodePtr> targets = {out.node()};
-  jit::CudaSource cuda = jit::render_cuda(jit::lower_for(targets).kernels);
+  cuda::CudaSource cuda = cuda::render_cuda(jit::lower_for(targets).kernels);
   CHECK(cuda.launches[0].size() == 1);
   CHECK(cuda.scratch_bytes == 0);
 }
@@ -539,7 +538,7 @@ size_t count_in_entry(const std::string& ptx, const std::string& function, const
 // 128-bit instructions, and a row group's loops (stepping by the block size as a constant) are
 // unrolled so that each thread has several loads in flight.
 TEST_CASE("the PTX of vector and row-group kernels has 128-bit and unrolled loads", "[cuda][jit][vector]") {
-  if (!jit::nvrtc_available()) {
+  if (!cuda::nvrtc_available()) {
     WARN("SKIPPED: kiln was built without the CUDA toolkit (no NVRTC)");
     return;
   }
@@ -551,18 +550,18 @@ TEST_CASE("the PTX of vector and row-group kernels has 128-bit and unrolled load
     INFO(name);
     Tensor out = make();
     std::vector<NodePtr> targets = {out.node()};
-    jit::CudaSource cuda = jit::render_cuda(jit::lower_for(targets).kernels);
-    const std::string ptx = jit::cuda_ptx(cuda.source, "compute_90");
+    cuda::CudaSource cuda = cuda::render_cuda(jit::lower_for(targets).kernels);
+    const std::string ptx = cuda::cuda_ptx(cuda.source, "compute_90");
     CHECK(count_in_entry(ptx, cuda.launches[0][0].function, width) >= 2);
     CHECK(count_in_entry(ptx, cuda.launches[0][0].function, "st.global.v4") >= 1);
   }
   Tensor out = softmax(x, 1);
   std::vector<NodePtr> targets = {out.node()};
   jit::Program schedule = jit::lower_for(targets);
-  jit::CudaSource cuda = jit::render_cuda(schedule.kernels, jit::cuda_row_groups(schedule.kernels));
+  cuda::CudaSource cuda = cuda::render_cuda(schedule.kernels, cuda::cuda_row_groups(schedule.kernels));
   REQUIRE(cuda.launches[0].size() == 1);
-  const std::string ptx = jit::cuda_ptx(cuda.source, "compute_90");
+  const std::string ptx = cuda::cuda_ptx(cuda.source, "compute_90");
   // Three passes over a row of 1024 by 256 threads: 4 loads a pass at least, not 1 in a loop.
   CHECK(count_in_entry(ptx, cuda.launches[0][0].function, "ld.global.f32") >= 12);
-  CHECK_THROWS_AS(jit::cuda_ptx(cuda.source, "sm_90"), Error);
+  CHECK_THROWS_AS(cuda::cuda_ptx(cuda.source, "sm_90"), Error);
 }

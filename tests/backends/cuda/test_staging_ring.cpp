@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "backends/cuda/staging_ring.h"
 
-using kiln::memory::StagingRing;
+using kiln::cuda::StagingRing;
 
 namespace {
 

@@ -1,4 +1,4 @@
-// cuda_library (cuBLASLt matmul, cuDNN conv2d) against naive loops in double, on a real GPU: the
+// cuda::cublaslt_matmul and cuda::cudnn_conv2d against naive loops in double, on a real GPU: the
 // operand layouts kiln's views produce (transposed, padded, strided, reversed, repeated rows,
 // broadcast batches, unaligned pointers), size-1 and empty dims, and every convolution pass. On
 // every machine: what the unit claims to support, and a kiln::Error for anything else.
@@ -20,13 +20,14 @@
 #include "core/flags.h"
 #include "memory/allocator.h"
 #include "backends/cuda/cuda_runtime.h"
-#include "backends/cuda/cuda_library.h"
+#include "backends/cuda/cublaslt.h"
+#include "backends/cuda/cudnn.h"
 #include "tests/backends/matmul_layouts.h"
 
 using kiln::DType;
 using namespace kiln::test;
-using kiln::onednn::ConvGeometry;
-using kiln::onednn::ConvPass;
+using kiln::ConvGeometry;
+using kiln::ConvPass;
 
 namespace {
 
@@ -135,7 +136,7 @@ void check_matmul(const MatmulCase& cs, double tol) {
   auto c = to_device(nan_values(t, static_cast<size_t>(cs.c_shift + c_count)));
   void* c_data = static_cast<std::byte*>(c->data) + cs.c_shift * kiln::dtype_size(t);
 
-  kiln::cuda_library::matmul(0, t, a.device_data(), a.strides, b.device_data(), b.strides, c_data, cs.batch, cs.M,
+  kiln::cuda::cublaslt_matmul(0, t, a.device_data(), a.strides, b.device_data(), b.strides, c_data, cs.batch, cs.M,
                              cs.K, cs.N);
 
   const auto got_all = to_host(*c, static_cast<size_t>(cs.c_shift + c_count) * kiln::dtype_size(t));
@@ -225,7 +226,7 @@ void check_conv(ConvPass pass, DType t, const ConvGeometry& g, double tol) {
        << " padding " << g.padding[0] << "," << g.padding[1] << " dilation " << g.dilation[0] << ","
        << g.dilation[1] << " groups " << g.groups << " -> " << g.OH << "x" << g.OW);
   std::mt19937 rng(static_cast<unsigned>(g.N * 7919 + g.C * 104729 + g.OC * 31 + g.groups));
-  // (a, b, out) element counts by pass, as backends/cpu/conv_onednn.h assigns the buffers.
+  // (a, b, out) element counts by pass, as ops/conv_geometry.h assigns the buffers.
   const int64_t a_count = pass == ConvPass::BackwardData ? y_count(g) : x_count(g);
   const int64_t b_count = pass == ConvPass::BackwardWeight ? y_count(g) : w_count(g);
   const int64_t out_count = pass == ConvPass::Forward        ? y_count(g)
@@ -236,7 +237,7 @@ void check_conv(ConvPass pass, DType t, const ConvGeometry& g, double tol) {
   auto a_device = to_device(a), b_device = to_device(b);
   auto out_device = to_device(nan_values(t, static_cast<size_t>(out_count)));
 
-  kiln::cuda_library::conv2d(0, pass, t, g, a_device->data, b_device->data, out_device->data);
+  kiln::cuda::cudnn_conv2d(0, pass, t, g, a_device->data, b_device->data, out_device->data);
 
   const auto got = to_host(*out_device, static_cast<size_t>(out_count) * kiln::dtype_size(t));
   std::vector<double> expected(static_cast<size_t>(out_count)), magnitude(static_cast<size_t>(out_count));
@@ -256,42 +257,42 @@ const ConvPass kPasses[] = {ConvPass::Forward, ConvPass::BackwardData, ConvPass:
 
 }  // namespace
 
-TEST_CASE("cuda_library answers which dtypes it runs and refuses the others", "[cuda][device]") {
+TEST_CASE("cuBLASLt and cuDNN answer which dtypes they run and refuse the others", "[cuda][device]") {
   for (int i = 0; i < kiln::kNumDTypes; ++i) {
     const auto t = static_cast<DType>(i);
     INFO(kiln::dtype_name(t));
     const bool matmul_type = t == DType::Float32 || t == DType::Float64 || t == DType::Float16 || t == DType::BFloat16;
     const bool conv_type = t == DType::Float32 || t == DType::Float16 || t == DType::BFloat16;
-    CHECK(kiln::cuda_library::supports_matmul(t) == (KILN_WITH_CUDA && matmul_type));
-    CHECK(kiln::cuda_library::supports_conv(t) == (KILN_WITH_CUDA && KILN_WITH_CUDNN && conv_type));
+    CHECK(kiln::cuda::cublaslt_supports_matmul(t) == (KILN_WITH_CUDA && matmul_type));
+    CHECK(kiln::cuda::cudnn_supports_conv(t) == (KILN_WITH_CUDA && KILN_WITH_CUDNN && conv_type));
   }
   // Refused before any pointer is touched.
   const int64_t s[3] = {1, 1, 1};
-  CHECK_THROWS_AS(kiln::cuda_library::matmul(0, DType::Int32, nullptr, s, nullptr, s, nullptr, 1, 1, 1, 1),
+  CHECK_THROWS_AS(kiln::cuda::cublaslt_matmul(0, DType::Int32, nullptr, s, nullptr, s, nullptr, 1, 1, 1, 1),
                   kiln::Error);
-  CHECK_THROWS_WITH(kiln::cuda_library::matmul(0, DType::Int32, nullptr, s, nullptr, s, nullptr, 1, 1, 1, 1),
+  CHECK_THROWS_WITH(kiln::cuda::cublaslt_matmul(0, DType::Int32, nullptr, s, nullptr, s, nullptr, 1, 1, 1, 1),
                     Catch::Contains("matmul (cuBLASLt)") && Catch::Contains("int32"));
-  CHECK_THROWS_AS(kiln::cuda_library::matmul(0, DType::Float32, nullptr, s, nullptr, s, nullptr, 1, -1, 1, 1),
+  CHECK_THROWS_AS(kiln::cuda::cublaslt_matmul(0, DType::Float32, nullptr, s, nullptr, s, nullptr, 1, -1, 1, 1),
                   kiln::Error);
   const ConvGeometry g = make_geometry(1, 1, 3, 3, 1, 3, 3, 1, 1, 0, 0, 1, 1, 1);
-  CHECK_THROWS_AS(kiln::cuda_library::conv2d(0, ConvPass::Forward, DType::Int32, g, nullptr, nullptr, nullptr),
+  CHECK_THROWS_AS(kiln::cuda::cudnn_conv2d(0, ConvPass::Forward, DType::Int32, g, nullptr, nullptr, nullptr),
                   kiln::Error);
-  CHECK_THROWS_WITH(kiln::cuda_library::conv2d(0, ConvPass::Forward, DType::Float64, g, nullptr, nullptr, nullptr),
+  CHECK_THROWS_WITH(kiln::cuda::cudnn_conv2d(0, ConvPass::Forward, DType::Float64, g, nullptr, nullptr, nullptr),
                     Catch::Contains("conv2d (cuDNN)"));
   const ConvGeometry bad_groups = make_geometry(1, 3, 3, 3, 2, 1, 1, 1, 1, 0, 0, 1, 1, 2);
-  CHECK_THROWS_AS(kiln::cuda_library::conv2d(0, ConvPass::Forward, DType::Float32, bad_groups, nullptr, nullptr,
+  CHECK_THROWS_AS(kiln::cuda::cudnn_conv2d(0, ConvPass::Forward, DType::Float32, bad_groups, nullptr, nullptr,
                                              nullptr),
                   kiln::Error);
   if (!kiln::cuda::available() || kiln::cuda::emulated()) {
     // No GPU to run on (none, or only the emulator): a clear error, not a crash.
-    CHECK_THROWS_AS(kiln::cuda_library::matmul(0, DType::Float32, nullptr, s, nullptr, s, nullptr, 1, 1, 1, 1),
+    CHECK_THROWS_AS(kiln::cuda::cublaslt_matmul(0, DType::Float32, nullptr, s, nullptr, s, nullptr, 1, 1, 1, 1),
                     kiln::Error);
-    CHECK_THROWS_AS(kiln::cuda_library::conv2d(0, ConvPass::Forward, DType::Float32, g, nullptr, nullptr, nullptr),
+    CHECK_THROWS_AS(kiln::cuda::cudnn_conv2d(0, ConvPass::Forward, DType::Float32, g, nullptr, nullptr, nullptr),
                     kiln::Error);
   }
 }
 
-TEST_CASE("cuda_library::matmul over every operand layout matches a reference loop", "[cuda][device]") {
+TEST_CASE("cuda::cublaslt_matmul over every operand layout matches a reference loop", "[cuda][device]") {
   if (!have_gpu()) return;
   for (DType t : kMatmulTypes)
     for (Layout la : kLayouts)
@@ -301,7 +302,7 @@ TEST_CASE("cuda_library::matmul over every operand layout matches a reference lo
       }
 }
 
-TEST_CASE("cuda_library::matmul: broadcast batches, size-1 dims, unaligned pointers, tensor-core sizes",
+TEST_CASE("cuda::cublaslt_matmul: broadcast batches, size-1 dims, unaligned pointers, tensor-core sizes",
           "[cuda][device]") {
   if (!have_gpu()) return;
   for (DType t : kMatmulTypes) {
@@ -323,7 +324,7 @@ TEST_CASE("cuda_library::matmul: broadcast batches, size-1 dims, unaligned point
   }
 }
 
-TEST_CASE("cuda_library::matmul with tf32 rounds float32 inputs and stays close", "[cuda][device]") {
+TEST_CASE("cuda::cublaslt_matmul with tf32 rounds float32 inputs and stays close", "[cuda][device]") {
   if (!have_gpu()) return;
   kiln::FlagsGuard guard;
   kiln::flags().tf32 = true;
@@ -331,27 +332,27 @@ TEST_CASE("cuda_library::matmul with tf32 rounds float32 inputs and stays close"
   check_matmul({DType::Float32, 2, 17, 33, 9, Layout::Transposed, Layout::Strided}, 5e-3);
 }
 
-TEST_CASE("cuda_library::matmul: K == 0 writes zeros, empty outputs write nothing", "[cuda][device]") {
+TEST_CASE("cuda::cublaslt_matmul: K == 0 writes zeros, empty outputs write nothing", "[cuda][device]") {
   if (!have_gpu()) return;
   for (DType t : kMatmulTypes) {
     INFO(kiln::dtype_name(t));
     const int64_t s[3] = {0, 1, 1};
     auto dummy = to_device(nan_values(t, 1));
     auto c = to_device(nan_values(t, 6));
-    kiln::cuda_library::matmul(0, t, dummy->data, s, dummy->data, s, c->data, 2, 1, 0, 3);
+    kiln::cuda::cublaslt_matmul(0, t, dummy->data, s, dummy->data, s, c->data, 2, 1, 0, 3);
     const auto zeros = to_host(*c, 6 * kiln::dtype_size(t));
     for (int64_t i = 0; i < 6; ++i) CHECK(at(zeros, t, i) == 0.0);
     auto d = to_device(nan_values(t, 1));
-    kiln::cuda_library::matmul(0, t, dummy->data, s, dummy->data, s, d->data, 0, 1, 1, 1);
-    kiln::cuda_library::matmul(0, t, dummy->data, s, dummy->data, s, d->data, 1, 0, 1, 1);
-    kiln::cuda_library::matmul(0, t, dummy->data, s, dummy->data, s, d->data, 1, 1, 1, 0);
+    kiln::cuda::cublaslt_matmul(0, t, dummy->data, s, dummy->data, s, d->data, 0, 1, 1, 1);
+    kiln::cuda::cublaslt_matmul(0, t, dummy->data, s, dummy->data, s, d->data, 1, 0, 1, 1);
+    kiln::cuda::cublaslt_matmul(0, t, dummy->data, s, dummy->data, s, d->data, 1, 1, 1, 0);
     CHECK(std::isnan(at(to_host(*d, kiln::dtype_size(t)), t, 0)));
   }
 }
 
-TEST_CASE("cuda_library::conv2d: all three passes match a reference loop", "[cuda][device]") {
+TEST_CASE("cuda::cudnn_conv2d: all three passes match a reference loop", "[cuda][device]") {
   if (!have_gpu()) return;
-  if (!kiln::cuda_library::supports_conv(DType::Float32)) {
+  if (!kiln::cuda::cudnn_supports_conv(DType::Float32)) {
     WARN("SKIPPED: kiln was built without cuDNN");
     return;
   }
@@ -368,9 +369,9 @@ TEST_CASE("cuda_library::conv2d: all three passes match a reference loop", "[cud
       for (ConvPass pass : kPasses) check_conv(pass, t, g, conv_tolerance(t));
 }
 
-TEST_CASE("cuda_library::conv2d with tf32, and empty batches", "[cuda][device]") {
+TEST_CASE("cuda::cudnn_conv2d with tf32, and empty batches", "[cuda][device]") {
   if (!have_gpu()) return;
-  if (!kiln::cuda_library::supports_conv(DType::Float32)) {
+  if (!kiln::cuda::cudnn_supports_conv(DType::Float32)) {
     WARN("SKIPPED: kiln was built without cuDNN");
     return;
   }
@@ -384,7 +385,7 @@ TEST_CASE("cuda_library::conv2d with tf32, and empty batches", "[cuda][device]")
   const ConvGeometry empty = make_geometry(0, 3, 5, 5, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1);
   auto dummy = to_device(nan_values(DType::Float32, 1));
   auto dw = to_device(nan_values(DType::Float32, static_cast<size_t>(w_count(empty))));
-  kiln::cuda_library::conv2d(0, ConvPass::BackwardWeight, DType::Float32, empty, dummy->data, dummy->data, dw->data);
+  kiln::cuda::cudnn_conv2d(0, ConvPass::BackwardWeight, DType::Float32, empty, dummy->data, dummy->data, dw->data);
   const auto zeros = to_host(*dw, static_cast<size_t>(w_count(empty)) * sizeof(float));
   for (int64_t i = 0; i < w_count(empty); ++i) CHECK(at(zeros, DType::Float32, i) == 0.0);
 }

@@ -4,7 +4,7 @@
 # the scheduler, the executor, backends/), so a private include cannot leak into an install.
 # Each header in the closure is a configure dependency: an edited include list re-runs CMake.
 set(KILN_PRIVATE_HEADER_REGEX
-    "^(backends/|memory/planner\\.h|jit/(kernel_ir|index_expr|schedule|executor|lower|collect|plan|render_[a-z_]*|random_prelude|disk_cache)\\.h)")
+    "^(backends/|memory/planner\\.h|jit/(kernel_ir|index_expr|schedule|executor|lower|collect|plan|render_[a-z_]*|random_prelude|math_prelude|disk_cache)\\.h)")
 # Library headers that a public header must not include (<...> includes).
 set(KILN_LIBRARY_HEADER_REGEX "^(dnnl|oneapi/|cuda|cublas|cudnn|nvrtc|omp\\.h|nlohmann/|zlib\\.h)")
 

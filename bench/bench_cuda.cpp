@@ -33,6 +33,7 @@
 //   KILN_CUDA_EMULATOR=1 ./build-bench/bench/bench_cuda --scale 0.0001 --reps 3   # no GPU
 #include <kiln/kiln.h>
 
+#include "backends/cuda/cuda_runtime.h"  // measures kiln's stream and copies against raw ones
 #include "samples/mnist_models.h"
 
 #include <CLI/CLI.hpp>

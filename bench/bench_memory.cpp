@@ -142,7 +142,7 @@ KilnFigures measure_kiln(const Model& m, kiln::MemoryPool pool, const std::strin
     if (reset) f.rss_delta = (status_kib("VmHWM") - rss_before) * 1024;
     f.peak_tensor_delta = kiln::memory::peak_allocated_bytes() - f.held_before;
     f.reserved_peak = kiln::memory::pool_stats().reserved.peak;
-    f.plan = kiln::jit::last_plan_memory();
+    if (auto plan = kiln::memory::last_plan()) f.plan = *plan;
   } catch (const kiln::Error& e) {
     kiln::memory::stop_trace();
     f.error = e.what();

@@ -1,5 +1,6 @@
-// The closed set of primitive ops every graph is made of (DESIGN.md §4). Everything else
-// (softmax, layer norm, losses, ...) is a composite of these and gets its gradient for free.
+// The closed set of primitive ops every graph is made of (docs/architecture.md, "Recording").
+// Everything else (softmax, layer norm, losses, ...) is a composite of these and gets its gradient
+// for free.
 // Each table indexed by Op (names here, grad rules in ops/, renderer cases in jit/) is checked
 // at compile time to cover every op.
 #pragma once

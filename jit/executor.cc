@@ -264,6 +264,7 @@ size_t plan_cache_size() {
 namespace kiln {
 
 void sync(const std::vector<Tensor>& tensors) {
+  flags().check_built();  // a flag of a feature not built yet, set on the field, fails here
   std::vector<NodePtr> targets;
   for (const Tensor& t : tensors)
     if (t.defined()) targets.push_back(t.node());

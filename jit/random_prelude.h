@@ -1,7 +1,7 @@
 // The random generators of CPU and CUDA kernels as one text, so both backends give the same
 // numbers: Philox4x32-10 counters, uniform and normal transforms. The including prelude defines
-// KILN_FN (the function qualifiers) and KILN_SQRTF / KILN_SQRT / KILN_LOG / KILN_COS, and
-// provides kiln_logf.
+// KILN_FN (the function qualifiers) and KILN_SQRTF / KILN_SQRT / KILN_LOG / KILN_COS; kiln_logf
+// comes from jit/math_prelude.h, placed before this text.
 #pragma once
 
 namespace kiln::jit {

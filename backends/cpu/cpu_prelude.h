@@ -1,5 +1,6 @@
-// Source text placed at the top of every generated C++ translation unit: element conversions,
-// vectorizable float math (exp, log, tanh, erf) and the Philox counter-based generator.
+// Source text placed at the top of every generated C++ translation unit: element conversions and
+// vectorizable float math (exp, tanh, erf). After it come the texts shared with CUDA kernels:
+// jit/math_prelude.h (kiln_logf, which must round as on CUDA) and jit/random_prelude.h (Philox).
 #pragma once
 
 namespace kiln::cpu {
@@ -35,22 +36,6 @@ static inline float kiln_expf(float x) {
   float y = p * kiln_bits_f((uint32_t)(half + 127) << 23) * kiln_bits_f((uint32_t)(ni - half + 127) << 23);
   y = x > 88.72283f ? __builtin_inff() : y;
   y = x < -87.33654f ? 0.0f : y;
-  return x != x ? x : y;
-}
-// log: m * 2^e with m in [sqrt(1/2), sqrt(2)); log m = 2 atanh((m-1)/(m+1)).
-static inline float kiln_logf(float x) {
-  // Subnormal inputs have no implicit leading 1: scale them by 2^23 into the normal range first.
-  int32_t subnormal = (kiln_f_bits(x) & 0x7f800000u) == 0;
-  uint32_t u = kiln_f_bits(subnormal ? x * 8388608.0f : x);
-  int32_t e = (int32_t)((u >> 23) & 0xff) - 127 - (subnormal ? 23 : 0);
-  float m = kiln_bits_f((u & 0x007fffffu) | 0x3f800000u);
-  if (m > 1.41421356f) { m *= 0.5f; e += 1; }
-  float s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
-  float p = 2.0f * s * (1.0f + s2 * (0.333333333f + s2 * (0.2f + s2 * (0.142857143f + s2 * 0.111111111f))));
-  float y = p + (float)e * 0.693147181f;
-  y = x == 0.0f ? -__builtin_inff() : y;
-  y = x < 0.0f ? __builtin_nanf("") : y;
-  y = x == __builtin_inff() ? x : y;
   return x != x ? x : y;
 }
 static inline float kiln_tanhf(float x) {

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "backends/cpu/cpu_prelude.h"
+#include "jit/math_prelude.h"
 #include "jit/random_prelude.h"
 #include "jit/render_common.h"
 
@@ -195,7 +196,7 @@ std::string CppKernelRenderer::render() {
 }  // namespace
 
 std::string render_cpp(const std::vector<Kernel>& kernels) {
-  std::string src = std::string(kCpuPrelude) + kRandomPrelude;
+  std::string src = std::string(kCpuPrelude) + kMathPrelude + kRandomPrelude;
   for (const Kernel& k : kernels)
     if (!is_library(k.kind)) src += "\n" + CppKernelRenderer(k).render();
   return src;

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "backends/cuda/cuda_emulator_prelude.h"
 #include "backends/cuda/cuda_prelude.h"
+#include "jit/math_prelude.h"
 #include "jit/random_prelude.h"
 
 namespace kiln::cuda::emulator {
@@ -139,7 +140,7 @@ void run_block(size_t threads, const std::string& function) {
 }  // namespace
 
 std::string host_source(const CudaSource& cuda) {
-  std::string source = std::string(kCudaEmulatorTypes) + kCudaPrelude + jit::kRandomPrelude + cuda.functions;
+  std::string source = std::string(kCudaEmulatorTypes) + kCudaPrelude + jit::kMathPrelude + jit::kRandomPrelude + cuda.functions;
   source += "\n// Entries taking a launch's argument array.\n";
   for (size_t k = 0; k < cuda.launches.size(); ++k) {
     if (cuda.launches[k].empty()) continue;

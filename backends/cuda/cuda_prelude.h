@@ -1,10 +1,11 @@
 // Source text placed at the top of every generated CUDA translation unit, in two parts.
 // kCudaTypes is what NVRTC (which has no standard headers) needs first: fixed-width integer types,
-// CUDA's fp16/bf16 headers and vector loads; the host emulator (backends/cuda/cuda_emulator.h) puts its own definitions
-// of those and of CUDA's built-ins in its place. kCudaPrelude, compiled by both, holds the helpers
-// backends/cpu/cpu_prelude.h defines under the same names (element conversions, KILN_MAX/MIN, the index
-// check, the log of the normal transform) and what only CUDA needs (warp shuffles of any
-// accumulator type, atomic adds of any element type, block-wide folds).
+// CUDA's fp16/bf16 headers and vector loads; the host emulator (backends/cuda/cuda_emulator.h) puts
+// its own definitions of those and of CUDA's built-ins in its place. kCudaPrelude, compiled by
+// both, holds the helpers backends/cpu/cpu_prelude.h defines under the same names (element
+// conversions, float bits, KILN_MAX/MIN, the index check) and what only CUDA needs (warp shuffles
+// of any accumulator type, atomic adds of any element type, block-wide folds). After it come the
+// texts shared with CPU kernels: jit/math_prelude.h (kiln_logf) and jit/random_prelude.h (Philox).
 #pragma once
 
 namespace kiln::cuda {
@@ -43,6 +44,8 @@ static __device__ __forceinline__ float kiln_bf2f(kiln_bf16 b) { return __bfloat
 static __device__ __forceinline__ kiln_bf16 kiln_f2bf(float x) { return __float2bfloat16_rn(x); }
 static __device__ __forceinline__ float kiln_round_h(float x) { return kiln_h2f(kiln_f2h(x)); }
 static __device__ __forceinline__ float kiln_round_bf(float x) { return kiln_bf2f(kiln_f2bf(x)); }
+static __device__ __forceinline__ float kiln_bits_f(uint32_t u) { return __uint_as_float(u); }
+static __device__ __forceinline__ uint32_t kiln_f_bits(float f) { return __float_as_uint(f); }
 #define KILN_MAX(a, b) (((a) != (a) || (a) > (b)) ? (a) : (b))
 #define KILN_MIN(a, b) (((a) != (a) || (a) < (b)) ? (a) : (b))
 
@@ -95,22 +98,6 @@ static __device__ __forceinline__ void kiln_atomic_add(int8_t* p, int8_t v) { ki
 static __device__ __forceinline__ void kiln_atomic_add(uint8_t* p, uint8_t v) { kiln_atomic_add_byte(p, v, false); }
 static __device__ __forceinline__ void kiln_atomic_add(bool* p, bool v) { kiln_atomic_add_byte(p, v, true); }
 
-// log for the normal transform, exactly as backends/cpu/cpu_prelude.h computes it (the build turns off
-// multiply-add contraction, as the host build does, so the float operations round alike).
-static __device__ __forceinline__ float kiln_logf(float x) {
-  int32_t subnormal = (__float_as_uint(x) & 0x7f800000u) == 0;
-  uint32_t u = __float_as_uint(subnormal ? x * 8388608.0f : x);
-  int32_t e = (int32_t)((u >> 23) & 0xff) - 127 - (subnormal ? 23 : 0);
-  float m = __uint_as_float((u & 0x007fffffu) | 0x3f800000u);
-  if (m > 1.41421356f) { m *= 0.5f; e += 1; }
-  float s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
-  float p = 2.0f * s * (1.0f + s2 * (0.333333333f + s2 * (0.2f + s2 * (0.142857143f + s2 * 0.111111111f))));
-  float y = p + (float)e * 0.693147181f;
-  y = x == 0.0f ? -KILN_INF : y;
-  y = x < 0.0f ? __int_as_float(0x7fc00000) : y;
-  y = x == KILN_INF ? x : y;
-  return x != x ? x : y;
-}
 #define KILN_FN static __device__ __forceinline__
 #define KILN_SQRTF(x) sqrtf(x)
 #define KILN_SQRT(x) sqrt(x)

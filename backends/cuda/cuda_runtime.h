@@ -1,14 +1,15 @@
 // The CUDA runtime as kiln sees it: whether a device is there (never a crash when the driver or
 // the GPU is missing), what it is, its memory, kiln's stream and copies. Only the runtime library
 // (cudart) is used, never libcuda directly. In a build without the CUDA toolkit every query
-// answers "no device" with that reason.
+// answers "no device" with that reason. Private: the device queries users call (available(),
+// device_info(), ...) are declared in the public core/device.h and implemented here.
 //
 // Work on a device is ordered on one stream per device (stream(index)): kernels, library calls,
 // copies. Host-visible results (copy_to_host, synchronize) wait for it.
 //
 // With no GPU and flags().cuda_emulator (KILN_CUDA_EMULATOR=1), cuda:0 is the host emulator
-// (backends/cuda/cuda_emulator.h): "device memory" is host memory, copies are memcpy, kernels run on host
-// fibers. The CUDA code paths then run, slowly, on any machine; a real device always wins.
+// (backends/cuda/cuda_emulator.h): "device memory" is host memory, copies are memcpy, kernels run on
+// host fibers. The CUDA code paths then run, slowly, on any machine; a real device always wins.
 //
 //   if (kiln::cuda::available()) fmt::print("{}\n", kiln::cuda::device_info(0).name);
 //   else fmt::print("no CUDA: {}\n", kiln::cuda::unavailable_reason());
@@ -22,25 +23,12 @@
 
 namespace kiln::cuda {
 
-// True when this build has CUDA and the runtime reports at least one device, or the emulator is on.
-bool available();
-// True when cuda:0 is the host emulator (no GPU here, flags().cuda_emulator set at first query).
-bool emulated();
+// available(), emulated(), device_count(), unavailable_reason() and device_info() are public:
+// declared in core/device.h.
+
 // Whether `device` is a real GPU, where NVIDIA's libraries (cuBLASLt, cuDNN) run; the emulator's
 // library calls run on the CPU's.
 inline bool is_gpu(Device device) { return device.is_cuda() && !emulated(); }
-int device_count();  // 0 when unavailable
-// Why available() is false, in words (e.g. the runtime's "CUDA driver version is insufficient");
-// empty when it is true.
-const std::string& unavailable_reason();
-
-struct DeviceInfo {
-  std::string name;
-  int major = 0, minor = 0;  // compute capability
-  int64_t total_memory = 0;  // bytes
-  int multiprocessors = 0;
-};
-DeviceInfo device_info(int index);
 
 // Throws kiln::Error naming `op` when `device` is a CUDA device this process cannot use (no CUDA
 // in the build, no device, or an index past the last one); does nothing for the CPU.

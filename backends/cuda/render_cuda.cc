@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "backends/cuda/cuda_prelude.h"
+#include "jit/math_prelude.h"
 #include "jit/random_prelude.h"
 #include "jit/render_common.h"
 
@@ -592,7 +593,7 @@ CudaSource render_cuda(const std::vector<Kernel>& kernels, const std::vector<int
     for (const KernelBuffer& b : kernels[k].buffers) result.parameter_slots[k].push_back(b.slot);
     result.parameter_types[k] = cuda_parameter_types(kernels[k]);
   }
-  result.source = std::string(kCudaTypes) + kCudaPrelude + kRandomPrelude + result.functions;
+  result.source = std::string(kCudaTypes) + kCudaPrelude + kMathPrelude + kRandomPrelude + result.functions;
   return result;
 }
 

@@ -57,3 +57,42 @@ TEST_CASE("sizes parse with units", "[flags]") {
   CHECK(parse_size("4096", "x") == 4096);
   REQUIRE_THROWS_AS(parse_size("lots", "x"), Error);
 }
+
+// amp, quantize and quantize_bits are declared for features that are not built yet: a value
+// other than the default fails wherever it comes from, instead of silently doing nothing.
+TEST_CASE("flags of features not built yet refuse non-default values", "[flags]") {
+  // From the environment (what flags() reads at first use).
+  setenv("KILN_AMP", "bf16", 1);
+  REQUIRE_THROWS_WITH(Flags::from_environment(), Catch::Contains("not built yet") && Catch::Contains("KILN_AMP"));
+  setenv("KILN_AMP", "none", 1);
+  CHECK(Flags::from_environment().amp == AmpMode::None);
+  unsetenv("KILN_AMP");
+  setenv("KILN_QUANTIZE", "1", 1);
+  REQUIRE_THROWS_WITH(Flags::from_environment(), Catch::Contains("not built yet") && Catch::Contains("KILN_QUANTIZE"));
+  unsetenv("KILN_QUANTIZE");
+  setenv("KILN_QUANTIZE_BITS", "4", 1);
+  REQUIRE_THROWS_WITH(Flags::from_environment(), Catch::Contains("not built yet") && Catch::Contains("KILN_QUANTIZE_BITS"));
+  setenv("KILN_QUANTIZE_BITS", "99", 1);  // out of range: named as a bad value first
+  REQUIRE_THROWS_WITH(Flags::from_environment(), Catch::Contains("KILN_QUANTIZE_BITS") && Catch::Contains("2..8"));
+  unsetenv("KILN_QUANTIZE_BITS");
+
+  // From set(): refused, and the flags are left as they were.
+  REQUIRE_THROWS_WITH(flags().set("amp", "fp16"), Catch::Contains("not built yet") && Catch::Contains("KILN_AMP"));
+  CHECK(flags().amp == AmpMode::None);
+  REQUIRE_THROWS_WITH(flags().set("quantize", "on"), Catch::Contains("not built yet") && Catch::Contains("KILN_QUANTIZE"));
+  CHECK_FALSE(flags().quantize);
+
+  // On the field, inside a FlagsGuard: the next realize refuses to run; nothing is computed.
+  Tensor x = from_vector<float>({1, 2, 3}, {3});
+  for (int which = 0; which < 3; ++which) {
+    FlagsGuard guard;
+    if (which == 0) flags().amp = AmpMode::BFloat16;
+    if (which == 1) flags().quantize = true;
+    if (which == 2) flags().quantize_bits = 4;
+    REQUIRE_THROWS_WITH(flags().check_built(), Catch::Contains("not built yet"));
+    REQUIRE_THROWS_WITH((x * 2.0).to_vector<float>(), Catch::Contains("not built yet"));
+    REQUIRE_THROWS_WITH(sync({x * 2.0}), Catch::Contains("not built yet"));
+  }
+  // The guard put the defaults back: the same graph runs.
+  CHECK((x * 2.0).to_vector<float>() == std::vector<float>{2, 4, 6});
+}

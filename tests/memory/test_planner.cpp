@@ -6,6 +6,7 @@
 
 #include <random>
 
+#include "jit/executor.h"
 #include "memory/planner.h"
 #include "tests/support/mlp.h"
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "jit/executor.h"
 #include "memory/profile.h"
 #include "memory/recompute.h"
 

@@ -6,6 +6,8 @@
 
 #include <cstring>
 
+#include "jit/executor.h"
+
 using namespace kiln;
 
 namespace {

@@ -14,6 +14,7 @@
 
 #include "backends/cuda/nvrtc.h"
 #include "backends/cuda/render_cuda.h"
+#include "jit/executor.h"
 
 using namespace kiln;
 

@@ -1,6 +1,8 @@
 // The seam between the executor and a device: what running a plan needs from the CPU, a GPU or
 // the CUDA emulator. The executor (jit/executor.cc) is written once against it; each backend in
-// backends/ implements it (backends/cpu/cpu_backend.h, backends/cuda/cuda_backend.h).
+// backends/ implements it (backends/cpu/cpu_backend.h, backends/cuda/cuda_backend.h). Memory is
+// the other half of a device and sits below the JIT, since ops move tensors too: each device's
+// memory::Allocator allocates, fills and copies (memory/allocator.h).
 //
 //   const Backend& b = backend_for(plan.device);
 //   auto kernels = b.compile(plan.program, plan.group_start);   // once per plan
@@ -52,8 +54,6 @@ class Backend {
                                                    const std::vector<int>& groups) const = 0;
   // A library kernel (Matmul, Conv) on the buffers `ptrs`, indexed by plan slot.
   virtual void run_library(const Kernel& kernel, void* const* ptrs, Device device) const = 0;
-  // Every byte of [p, p + bytes) set to `value`, ordered after the work queued before it.
-  virtual void fill(Device device, void* p, int value, size_t bytes) const = 0;
   // Waits until the work queued on `device` has finished (a kernel's time, not its launch's).
   virtual void synchronize(Device device) const = 0;
 };

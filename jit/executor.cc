@@ -170,7 +170,8 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
     }
     if (poison)  // dead buffers read as NaN: a use after free shows up in the results
       for (auto [offset, bytes] : plan.dies_after[k])
-        backend.fill(device, static_cast<char*>(arena->data) + offset, 0xff, static_cast<size_t>(bytes));
+        memory::device_allocator(device).fill(static_cast<char*>(arena->data) + offset, 0xff,
+                                              static_cast<size_t>(bytes));
   }
   // Commit only after every kernel succeeded: a failed run leaves all tensors as they were.
   for (size_t i = 0; i < s.slots.size(); ++i) {

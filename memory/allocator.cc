@@ -9,13 +9,15 @@
 
 #include "core/error.h"
 #include "core/flags.h"
-#include "backends/cuda/cuda_runtime.h"
+#include "backends/cuda/cuda_allocator.h"
 #include "memory/pool.h"
 
 namespace kiln::memory {
 
 Allocator::~Allocator() = default;
 void Allocator::fill(void* p, int value, size_t bytes) { std::memset(p, value, bytes); }
+void Allocator::copy_from_host(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void Allocator::copy_to_host(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 
 namespace {
 
@@ -80,48 +82,9 @@ HostAllocator& host_allocator() {
   return *host;
 }
 
-namespace {
-
-// Device memory of one GPU through the CUDA runtime. KILN_MEMORY_LIMIT is a host limit; a GPU's
-// limit is its memory.
-class CudaAllocator final : public Allocator {
- public:
-  explicit CudaAllocator(int index) : index_(index) {}
-  void* allocate(size_t bytes) override { return cuda::device_malloc(index_, bytes); }
-  // Runs inside Storage destructors, which must not throw: a failed cudaFree (the device
-  // already in an error state, or the runtime shutting down) is reported and the memory dropped.
-  void release(void* p, size_t bytes) override {
-    try {
-      cuda::device_free(index_, p, bytes);
-    } catch (const Error& e) {
-      std::fprintf(stderr, "kiln: freeing device memory on cuda:%d failed: %s\n", index_, e.what());
-    }
-  }
-  const char* name() const override { return "cuda"; }
-  // Runs inside Storage destructors: a failed poisoning (a debugging aid) must not throw.
-  void fill(void* p, int value, size_t bytes) override {
-    try {
-      cuda::fill_bytes(index_, p, value, bytes);
-    } catch (const Error&) {
-    }
-  }
-
- private:
-  int index_;
-};
-
-}  // namespace
-
 Allocator& device_allocator(Device device) {
   if (device.is_cpu()) return host_allocator();
-  cuda::check_device(device, "allocate");
-  // One per device, never destroyed (as the host allocator).
-  static std::vector<CudaAllocator*>* per_device = [] {
-    auto* v = new std::vector<CudaAllocator*>;
-    for (int i = 0; i < cuda::device_count(); ++i) v->push_back(new CudaAllocator(i));
-    return v;
-  }();
-  return *(*per_device)[static_cast<size_t>(device.index)];
+  return cuda::device_allocator(device);
 }
 
 std::shared_ptr<Storage> allocate_storage(size_t bytes, Device device) {

@@ -28,6 +28,10 @@ struct Allocator {
   // Sets every byte of [p, p + bytes), memory this allocator returned, to `value`: how
   // KILN_DEBUG_MEMORY poisons freed blocks (host memory by memset, device memory on its stream).
   virtual void fill(void* p, int value, size_t bytes);
+  // Copies between host memory and memory this allocator returned (host: memcpy; a device: on
+  // its stream, copy_to_host returning once `dst` holds the data).
+  virtual void copy_from_host(void* dst, const void* src, size_t bytes);
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes);
   virtual ~Allocator();
 };
 

@@ -113,10 +113,10 @@ Tensor to_device(const Tensor& t, Device device) {
   node->storage = memory::allocate_storage(node->nbytes(), device);
   const size_t bytes = node->nbytes();
   if (bytes > 0) {
-    if (device.is_cuda() && src.device().is_cpu()) {
-      cuda::copy_to_device(device.index, node->storage->data, src.data(), bytes);
+    if (src.device().is_cpu()) {
+      memory::device_allocator(device).copy_from_host(node->storage->data, src.data(), bytes);
     } else if (device.is_cpu()) {
-      cuda::copy_to_host(src.device().index, node->storage->data, src.data(), bytes);
+      memory::device_allocator(src.device()).copy_to_host(node->storage->data, src.data(), bytes);
     } else {  // between two GPUs, through the host
       return to_device(to_device(src, Device::cpu()), device);
     }

@@ -1,7 +1,5 @@
 #include "backends/cpu/cpu_backend.h"
 
-#include <cstring>
-
 #include "backends/cpu/compiler.h"
 #include "backends/cpu/conv_onednn.h"
 #include "backends/cpu/matmul_onednn.h"
@@ -77,7 +75,5 @@ void run_onednn(const jit::Kernel& k, void* const* ptrs) {
 }
 
 void CpuBackend::run_library(const jit::Kernel& kernel, void* const* ptrs, Device) const { run_onednn(kernel, ptrs); }
-
-void CpuBackend::fill(Device, void* p, int value, size_t bytes) const { std::memset(p, value, bytes); }
 
 }  // namespace kiln::cpu

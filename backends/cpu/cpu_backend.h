@@ -11,7 +11,6 @@ class CpuBackend : public jit::Backend {
   std::unique_ptr<jit::CompiledKernels> compile(const std::vector<jit::Kernel>& kernels, Device device,
                                                 const std::vector<int>& groups) const override;
   void run_library(const jit::Kernel& kernel, void* const* ptrs, Device device) const override;
-  void fill(Device device, void* p, int value, size_t bytes) const override;
   void synchronize(Device) const override {}
 };
 

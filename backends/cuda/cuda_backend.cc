@@ -123,10 +123,6 @@ void CudaBackend::run_library(const jit::Kernel& k, void* const* ptrs, Device de
   }
 }
 
-void CudaBackend::fill(Device device, void* p, int value, size_t bytes) const {
-  fill_bytes(device.index, p, value, bytes);
-}
-
 void CudaBackend::synchronize(Device device) const { cuda::synchronize(device.index); }
 
 void CudaEmulatorBackend::run_library(const jit::Kernel& kernel, void* const* ptrs, Device) const {

@@ -6,6 +6,7 @@
 #include <kiln/kiln.h>
 
 #include "backends/cuda/cuda_runtime.h"
+#include "memory/allocator.h"
 
 using namespace kiln;
 
@@ -114,4 +115,24 @@ TEST_CASE("CUDA events mark points in the stream and time what lies between", "[
   CHECK(end.done());
   CHECK(cuda::Event::elapsed_ms(start, end) >= 0);
   CHECK_THROWS_AS(cuda::Event(cuda::device_count()), Error);
+}
+
+TEST_CASE("each device's allocator fills and copies its memory to and from the host", "[cuda][device][memory]") {
+  std::vector<Device> devices = {Device::cpu()};
+  if (cuda::available()) devices.push_back(Device::cuda(0));
+  for (Device d : devices) {
+    memory::Allocator& a = memory::device_allocator(d);
+    constexpr size_t n = 4096;
+    void* p = a.allocate(n);
+    REQUIRE(p != nullptr);
+    std::vector<unsigned char> in(n), out(n, 0);
+    for (size_t i = 0; i < n; ++i) in[i] = static_cast<unsigned char>(i * 7 + 3);
+    a.copy_from_host(p, in.data(), n);
+    a.copy_to_host(out.data(), p, n);
+    CHECK(out == in);
+    a.fill(static_cast<char*>(p) + 100, 0xff, 50);
+    a.copy_to_host(out.data(), p, n);
+    for (size_t i = 0; i < n; ++i) CHECK(out[i] == (i >= 100 && i < 150 ? 0xff : in[i]));
+    a.release(p, n);
+  }
 }

@@ -120,7 +120,7 @@ int64_t parse_size(const std::string& text, const char* what) {
 Flags Flags::from_environment() { return read_environment(); }
 
 void Flags::check_built() const {
-  const Flags defaults;
+  static const Flags defaults;  // runs at every sync: built once
   if (amp != defaults.amp) not_built("amp", show(amp), show(defaults.amp), "automatic mixed precision");
   if (quantize != defaults.quantize) not_built("quantize", show(quantize), show(defaults.quantize), "quantization");
   if (quantize_bits != defaults.quantize_bits)

@@ -37,6 +37,7 @@ class CompiledKernels {
  public:
   virtual ~CompiledKernels() = default;
   // Binds one run's float scalars and Rand seed/offset pairs (copied to the device if needed).
+  // The caller keeps both vectors alive and unchanged until the run is destroyed.
   virtual std::unique_ptr<KernelRun> start(const std::vector<double>& scalars,
                                            const std::vector<int64_t>& int_scalars) const = 0;
 };

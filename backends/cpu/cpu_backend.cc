@@ -25,8 +25,8 @@ class HostRun final : public jit::KernelRun {
  private:
   const std::vector<KernelFn>& fns_;
   const std::vector<jit::Kernel>& kernels_;
-  std::vector<double> scalars_;
-  std::vector<int64_t> ints_;
+  const std::vector<double>& scalars_;
+  const std::vector<int64_t>& ints_;
 };
 
 class HostKernels final : public jit::CompiledKernels {

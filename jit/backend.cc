@@ -9,6 +9,17 @@ namespace kiln::jit {
 
 std::vector<int> Backend::row_groups(const std::vector<Kernel>&) const { return {}; }
 
+LibraryOperands library_operands(const Kernel& k, void* const* ptrs) {
+  const DType t = k.buffers[0].dtype;
+  void* out = ptrs[k.buffers[0].slot];
+  if (k.kind == KernelKind::Conv)
+    return {ptrs[k.buffers[k.conv.a_buffer].slot], ptrs[k.buffers[k.conv.b_buffer].slot], out, t};
+  const MatmulCall& mm = k.matmul;
+  const size_t es = dtype_size(t);
+  return {static_cast<const char*>(ptrs[k.buffers[mm.a_buffer].slot]) + mm.a_offset * es,
+          static_cast<const char*>(ptrs[k.buffers[mm.b_buffer].slot]) + mm.b_offset * es, out, t};
+}
+
 void throw_index_error(int64_t index, const Kernel& kernel) {
   KILN_FAIL("gather/scatter_add",
             "index {} is out of range in kernel `{}`; indices must lie in [0, size) of the indexed dimension", index,

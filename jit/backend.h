@@ -59,6 +59,16 @@ class Backend {
   virtual void synchronize(Device device) const = 0;
 };
 
+// Where a library kernel (Matmul, Conv) reads and writes, from the plan's buffers `ptrs`: the
+// operands' addresses include a matmul's element offsets (views that start inside a buffer).
+struct LibraryOperands {
+  const void* a;
+  const void* b;
+  void* out;
+  DType dtype;  // the output's, which the library computes in
+};
+LibraryOperands library_operands(const Kernel& kernel, void* const* ptrs);
+
 // The error a kernel reports for an index out of range (gather, scatter_add): names the kernel.
 [[noreturn]] void throw_index_error(int64_t index, const Kernel& kernel);
 

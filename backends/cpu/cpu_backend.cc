@@ -60,17 +60,12 @@ std::unique_ptr<jit::CompiledKernels> CpuBackend::compile(const std::vector<jit:
 }
 
 void run_onednn(const jit::Kernel& k, void* const* ptrs) {
-  void* out = ptrs[k.buffers[0].slot];
-  const DType t = k.buffers[0].dtype;
+  const jit::LibraryOperands op = jit::library_operands(k, ptrs);
   if (k.kind == jit::KernelKind::Matmul) {
     const jit::MatmulCall& mm = k.matmul;
-    const size_t es = dtype_size(t);
-    const char* a = static_cast<const char*>(ptrs[k.buffers[mm.a_buffer].slot]) + mm.a_offset * es;
-    const char* b = static_cast<const char*>(ptrs[k.buffers[mm.b_buffer].slot]) + mm.b_offset * es;
-    onednn_matmul(t, a, mm.a_strides, b, mm.b_strides, out, mm.batch, mm.M, mm.K, mm.N);
+    onednn_matmul(op.dtype, op.a, mm.a_strides, op.b, mm.b_strides, op.out, mm.batch, mm.M, mm.K, mm.N);
   } else {
-    const jit::ConvCall& c = k.conv;
-    onednn_conv2d(c.pass, t, c.geometry, ptrs[k.buffers[c.a_buffer].slot], ptrs[k.buffers[c.b_buffer].slot], out);
+    onednn_conv2d(k.conv.pass, op.dtype, k.conv.geometry, op.a, op.b, op.out);
   }
 }
 

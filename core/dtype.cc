@@ -1,6 +1,7 @@
 #include "core/dtype.h"
 
 #include <bit>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -55,32 +56,47 @@ uint16_t float_to_bfloat16(float f) {
 }
 float bfloat16_to_float(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
 
+namespace {
+// Element i of a packed array through memcpy: files pack tensors back to back, so an element may
+// sit at any address (a float16 at an odd one), and a byte of a bool array may hold any value.
+template <typename T>
+T element(const void* data, size_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const char*>(data) + i * sizeof(T), sizeof(T));
+  return v;
+}
+template <typename T>
+void set_element(void* data, size_t i, T v) {
+  std::memcpy(static_cast<char*>(data) + i * sizeof(T), &v, sizeof(T));
+}
+}  // namespace
+
 double load_as_double(const void* data, DType t, size_t i) {
   switch (t) {
-    case DType::Bool: return static_cast<const bool*>(data)[i] ? 1.0 : 0.0;
-    case DType::UInt8: return static_cast<const uint8_t*>(data)[i];
-    case DType::Int8: return static_cast<const int8_t*>(data)[i];
-    case DType::Int32: return static_cast<const int32_t*>(data)[i];
-    case DType::Int64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
-    case DType::Float16: return half_to_float(static_cast<const uint16_t*>(data)[i]);
-    case DType::BFloat16: return bfloat16_to_float(static_cast<const uint16_t*>(data)[i]);
-    case DType::Float32: return static_cast<const float*>(data)[i];
-    case DType::Float64: return static_cast<const double*>(data)[i];
+    case DType::Bool: return element<uint8_t>(data, i) != 0 ? 1.0 : 0.0;
+    case DType::UInt8: return element<uint8_t>(data, i);
+    case DType::Int8: return element<int8_t>(data, i);
+    case DType::Int32: return element<int32_t>(data, i);
+    case DType::Int64: return static_cast<double>(element<int64_t>(data, i));
+    case DType::Float16: return half_to_float(element<uint16_t>(data, i));
+    case DType::BFloat16: return bfloat16_to_float(element<uint16_t>(data, i));
+    case DType::Float32: return element<float>(data, i);
+    case DType::Float64: return element<double>(data, i);
   }
   return 0;
 }
 
 void store_from_double(void* data, DType t, size_t i, double v) {
   switch (t) {
-    case DType::Bool: static_cast<bool*>(data)[i] = v != 0; break;
-    case DType::UInt8: static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(v); break;
-    case DType::Int8: static_cast<int8_t*>(data)[i] = static_cast<int8_t>(v); break;
-    case DType::Int32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v); break;
-    case DType::Int64: static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v); break;
-    case DType::Float16: static_cast<uint16_t*>(data)[i] = float_to_half(static_cast<float>(v)); break;
-    case DType::BFloat16: static_cast<uint16_t*>(data)[i] = float_to_bfloat16(static_cast<float>(v)); break;
-    case DType::Float32: static_cast<float*>(data)[i] = static_cast<float>(v); break;
-    case DType::Float64: static_cast<double*>(data)[i] = v; break;
+    case DType::Bool: set_element<uint8_t>(data, i, v != 0); break;
+    case DType::UInt8: set_element(data, i, static_cast<uint8_t>(v)); break;
+    case DType::Int8: set_element(data, i, static_cast<int8_t>(v)); break;
+    case DType::Int32: set_element(data, i, static_cast<int32_t>(v)); break;
+    case DType::Int64: set_element(data, i, static_cast<int64_t>(v)); break;
+    case DType::Float16: set_element(data, i, float_to_half(static_cast<float>(v))); break;
+    case DType::BFloat16: set_element(data, i, float_to_bfloat16(static_cast<float>(v))); break;
+    case DType::Float32: set_element(data, i, static_cast<float>(v)); break;
+    case DType::Float64: set_element(data, i, v); break;
   }
 }
 

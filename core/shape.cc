@@ -6,7 +6,8 @@ namespace kiln {
 
 int64_t numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    KILN_CHECK(!__builtin_mul_overflow(n, d, &n), "shape", "{} has more elements than an int64 holds", shape_str(s));
   return n;
 }
 

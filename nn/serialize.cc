@@ -1,6 +1,8 @@
 // safetensors reading and writing. See serialize.h.
 #include "nn/serialize.h"
 
+#include <algorithm>
+
 #include <bit>
 #include <cstdio>
 #include <cstring>
@@ -92,7 +94,11 @@ std::map<std::string, Entry> parse_header(const std::vector<char>& file, const s
                "load", "'{}': entry '{}' lacks dtype, shape or data_offsets", path, name);
     KILN_CHECK(info["dtype"].is_string(), "load", "'{}': entry '{}' has a non-string dtype", path, name);
     Entry e;
-    e.dtype = dtype_from_safetensors(info["dtype"].get<std::string>());
+    const std::string tag = info["dtype"].get<std::string>();
+    const auto known = std::find_if(std::begin(kTags), std::end(kTags), [&](const auto& t) { return tag == t.tag; });
+    KILN_CHECK(known != std::end(kTags), "load", "'{}': entry '{}' has dtype '{}', which kiln cannot hold", path, name,
+               tag);
+    e.dtype = known->dtype;
     const auto& shape = info["shape"];
     KILN_CHECK(shape.is_array(), "load", "'{}': entry '{}' has a shape that is not a list", path, name);
     for (const auto& d : shape) {
@@ -107,11 +113,29 @@ std::map<std::string, Entry> parse_header(const std::vector<char>& file, const s
     e.end = off[1].get<size_t>();
     KILN_CHECK(e.begin <= e.end && e.end <= data_size, "load",
                "'{}' is truncated or corrupt: '{}' needs bytes [{}, {}) of {}", path, name, e.begin, e.end, data_size);
-    size_t expected = static_cast<size_t>(numel(e.shape)) * dtype_size(e.dtype);
+    // Checked products: a shape of 2^62 float32 elements would wrap the byte count to 0.
+    size_t expected = dtype_size(e.dtype);
+    for (int64_t d : e.shape)
+      KILN_CHECK(!__builtin_mul_overflow(expected, static_cast<size_t>(d), &expected), "load",
+                 "'{}': entry '{}' has shape {}, more bytes than memory can address", path, name, shape_str(e.shape));
     KILN_CHECK(e.end - e.begin == expected, "load", "'{}': entry '{}' holds {} bytes; {} {} needs {}", path, name,
                e.end - e.begin, info["dtype"].get<std::string>(), shape_str(e.shape), expected);
     entries.emplace(name, std::move(e));
   }
+  // The entries must tile the data section exactly (as the format requires): no overlaps, where
+  // one tensor's bytes would be read as another's, and no holes hiding other content.
+  std::vector<std::pair<size_t, size_t>> ranges;
+  for (const auto& [name, e] : entries) ranges.push_back({e.begin, e.end});
+  std::sort(ranges.begin(), ranges.end());
+  size_t covered = 0;
+  for (auto [begin, end] : ranges) {
+    KILN_CHECK(begin == covered, "load", "'{}' is corrupt: {} at byte {} of its data section{}", path,
+               begin < covered ? "entries overlap" : "bytes no entry owns start", std::min(begin, covered),
+               begin < covered ? "" : " (a hole)");
+    covered = end;
+  }
+  KILN_CHECK(covered == data_size, "load", "'{}' is corrupt: its data section ends with {} bytes no entry owns", path,
+             data_size - covered);
   return entries;
 }
 

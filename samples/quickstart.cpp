@@ -53,16 +53,8 @@ kiln::Tensor record_sgd_step(Mlp& model, const kiln::Tensor& x, const kiln::Tens
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  int steps = 300;
-  double lr = 0.1;
-  int print_every = 25;
-  CLI::App app{"kiln quickstart: a 2-layer MLP trained with SGD, one plan per step"};
-  app.add_option("--steps", steps, "training steps")->check(CLI::PositiveNumber);
-  app.add_option("--lr", lr, "SGD learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--print-every", print_every, "print the loss every this many steps")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
-
+// Data, model and `steps` SGD steps, each forward + backward + update as one plan.
+static void train(int steps, double lr, int print_every) {
   kiln::manual_seed(42);
   // Data: y = sin(x . w / sqrt(D)), so the argument of sin has unit variance.
   kiln::Tensor x = kiln::randn({N, D});                                            // (N, D)
@@ -93,5 +85,23 @@ int main(int argc, char** argv) {
   fmt::print("     plans built {}, plan cache hits {}, disk cache hits {}, memory cache hits {}\n", s.plans_built,
              s.plan_cache_hits, s.disk_cache_hits, s.memory_cache_hits);
   fmt::print("     kernel cache dir: {}\n", kiln::jit::cache_directory());
+}
+
+int main(int argc, char** argv) {
+  int steps = 300;
+  double lr = 0.1;
+  int print_every = 25;
+  CLI::App app{"kiln quickstart: a 2-layer MLP trained with SGD, one plan per step"};
+  app.add_option("--steps", steps, "training steps")->check(CLI::PositiveNumber);
+  app.add_option("--lr", lr, "SGD learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--print-every", print_every, "print the loss every this many steps")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    train(steps, lr, print_every);
+  } catch (const std::exception& e) {  // kiln::Error (a bad flag value, no memory) and the rest: a message
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  }
   return 0;
 }
+

@@ -54,6 +54,7 @@ static std::string optimizer_path(const std::string& model_path) {
 }
 
 static double evaluate(nn::Module& model, const data::Dataset& test, kiln::Device device) {
+  KILN_CHECK(test.size() > 0, "train_mnist", "the test set is empty: there is nothing to measure accuracy on");
   kiln::NoGradGuard no_grad;
   model.eval();
   data::DataLoader loader(test, data::DataLoaderOptions(1000));
@@ -197,6 +198,9 @@ int main(int argc, char** argv) {
     fmt::print("jit: {} kernels compiled, {} plan cache hits, {:.2f} s compiling\n", jit.kernels_compiled,
                jit.plan_cache_hits, jit.compile_seconds);
   } catch (const kiln::Error& e) {
+    fmt::print(stderr, "\nerror: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {  // from the standard library (e.g. std::bad_alloc): never terminate
     fmt::print(stderr, "\nerror: {}\n", e.what());
     return 1;
   }

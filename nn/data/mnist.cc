@@ -93,9 +93,11 @@ IdxArray read_idx(const std::string& path) {
   int64_t total = 1;
   for (int d = 0; d < ndim; ++d) {
     array.dims.push_back(big_endian_u32(dim_bytes.data() + 4 * d));
-    total *= array.dims.back();
-    KILN_CHECK(total <= (int64_t{1} << 36), "read_idx", "{}: implausible dims {} (over 64 GiB of data)", path,
-               shape_str(array.dims));
+    // Checked before multiplying: a dim near 2^32 times a large total would overflow int64.
+    const int64_t dim = array.dims.back();
+    KILN_CHECK(dim == 0 || total <= (int64_t{1} << 36) / dim, "read_idx", "{}: implausible dims {} (over 64 GiB of data)",
+               path, shape_str(array.dims));
+    total *= dim;
   }
   array.data.resize(total);
   got = in.read(array.data.data(), total);

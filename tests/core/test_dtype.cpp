@@ -34,3 +34,26 @@ TEST_CASE("broadcasting and axes", "[shape]") {
   REQUIRE_THROWS_AS(normalize_axis(3, 3, "t"), Error);
   CHECK(contiguous_strides({2, 3, 4}) == std::vector<int64_t>{12, 4, 1});
 }
+
+TEST_CASE("elements load and store at any address, and any bool byte reads as a truth value", "[dtype]") {
+  // Files pack tensors back to back: a float16 may start at an odd byte.
+  alignas(8) unsigned char buffer[24] = {};
+  unsigned char* odd = buffer + 1;
+  store_from_double(odd, DType::Float64, 1, 3.0);  // bytes 8..15 of `odd`
+  store_from_double(odd, DType::Float16, 2, 1.5);  // bytes 4..5
+  store_from_double(odd, DType::BFloat16, 3, -2.0);  // bytes 6..7
+  CHECK(load_as_double(odd, DType::Float64, 1) == 3.0);
+  CHECK(load_as_double(odd, DType::Float16, 2) == 1.5);
+  CHECK(load_as_double(odd, DType::BFloat16, 3) == -2.0);
+  store_from_double(buffer + 3, DType::Float32, 0, 0.25);
+  CHECK(load_as_double(buffer + 3, DType::Float32, 0) == 0.25);
+  const unsigned char bools[3] = {0, 1, 2};  // 2: a byte no bool holds, from a foreign file
+  CHECK(load_as_double(bools, DType::Bool, 0) == 0.0);
+  CHECK(load_as_double(bools, DType::Bool, 1) == 1.0);
+  CHECK(load_as_double(bools, DType::Bool, 2) == 1.0);
+}
+
+TEST_CASE("a shape with more elements than int64 holds is an error, not a wrapped count", "[shape]") {
+  CHECK(numel({int64_t{1} << 31, int64_t{1} << 31}) == int64_t{1} << 62);
+  CHECK_THROWS_WITH(numel({int64_t{1} << 32, int64_t{1} << 32}), Catch::Contains("more elements than an int64 holds"));
+}

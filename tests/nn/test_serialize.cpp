@@ -16,7 +16,9 @@ namespace {
 
 using testing::header_of;
 using testing::read_bytes;
+using testing::with_entry_copy;
 using testing::with_header;
+using testing::without_entry;
 using testing::write_bytes;
 
 std::string temp_path(const std::string& name) { return testing::temp_path("kiln_nn", name); }
@@ -128,11 +130,7 @@ TEST_CASE("bad checkpoints are rejected and leave the module unchanged", "[nn]")
     CHECK(snapshot(target) == before);
   };
 
-  SECTION("missing key") {
-    nlohmann::json h = header;
-    h.erase("norm.running_var");
-    rejects(with_header(h, bytes), "norm.running_var");
-  }
+  SECTION("missing key") { rejects(without_entry(bytes, "norm.running_var"), "norm.running_var"); }
   SECTION("wrong shape") {
     nlohmann::json h = header;
     h["fc.weight"]["shape"] = {3, 4};
@@ -144,11 +142,35 @@ TEST_CASE("bad checkpoints are rejected and leave the module unchanged", "[nn]")
     rejects(with_header(h, bytes), "fc.bias");
   }
   SECTION("unexpected key") {
-    nlohmann::json h = header;
-    h["extra"] = h["fc.bias"];
-    rejects(with_header(h, bytes), "extra");
-    write_bytes(bad, with_header(h, bytes));
+    std::vector<char> file = with_entry_copy(bytes, "extra", "fc.bias");
+    rejects(file, "extra");
+    write_bytes(bad, file);
     CHECK_NOTHROW(nn::load(target, bad, /*strict=*/false));
+  }
+  SECTION("entries whose bytes overlap") {
+    nlohmann::json h = header;
+    h["norm.running_var"]["data_offsets"] = h["norm.running_mean"]["data_offsets"];
+    rejects(with_header(h, bytes), "overlap");
+    h = header;
+    h["extra"] = h["fc.bias"];  // the same bytes twice
+    write_bytes(bad, with_header(h, bytes));
+    CHECK_THROWS_WITH(nn::load(target, bad, /*strict=*/false), Catch::Contains("overlap"));
+  }
+  SECTION("bytes that no entry owns") {
+    std::vector<char> longer = bytes;
+    longer.insert(longer.end(), 8, '\0');
+    rejects(longer, "no entry owns");
+  }
+  SECTION("a dtype kiln cannot hold names the file and the entry") {
+    nlohmann::json h = header;
+    h["fc.bias"]["dtype"] = "F33";
+    rejects(with_header(h, bytes), "entry 'fc.bias' has dtype 'F33'");
+    rejects(with_header(h, bytes), bad);
+  }
+  SECTION("a shape whose byte count would wrap") {
+    nlohmann::json h = header;
+    h["fc.bias"]["shape"] = {int64_t{1} << 62};
+    rejects(with_header(h, bytes), "more bytes than memory can address");
   }
   SECTION("truncated data") {
     std::vector<char> cut(bytes.begin(), bytes.end() - 5);

@@ -48,4 +48,42 @@ inline std::vector<char> with_header(const nlohmann::json& header, const std::ve
   return {out.begin(), out.end()};
 }
 
+// The same file without entry `name`: its bytes are cut out of the data section and later
+// entries' offsets moved down, so the file stays well formed (entries tile the data section).
+inline std::vector<char> without_entry(const std::vector<char>& original, const std::string& name) {
+  nlohmann::json header = header_of(original);
+  const size_t begin = header[name]["data_offsets"][0], end = header[name]["data_offsets"][1];
+  header.erase(name);
+  for (auto& [key, info] : header.items()) {
+    if (key == "__metadata__") continue;
+    for (auto& offset : info["data_offsets"])
+      if (offset.get<size_t>() >= end) offset = offset.get<size_t>() - (end - begin);
+  }
+  uint64_t n = 0;
+  std::memcpy(&n, original.data(), 8);
+  std::vector<char> data(original.begin() + 8 + static_cast<std::ptrdiff_t>(n), original.end());
+  data.erase(data.begin() + static_cast<std::ptrdiff_t>(begin), data.begin() + static_cast<std::ptrdiff_t>(end));
+  std::vector<char> out = with_header(header, original);
+  out.resize(out.size() - (original.size() - 8 - n));
+  out.insert(out.end(), data.begin(), data.end());
+  return out;
+}
+
+// The same file with one more entry `name`, a copy of entry `from` whose bytes are appended to
+// the data section.
+inline std::vector<char> with_entry_copy(const std::vector<char>& original, const std::string& name,
+                                         const std::string& from) {
+  nlohmann::json header = header_of(original);
+  uint64_t n = 0;
+  std::memcpy(&n, original.data(), 8);
+  const size_t data_size = original.size() - 8 - n;
+  const size_t begin = header[from]["data_offsets"][0], end = header[from]["data_offsets"][1];
+  header[name] = header[from];
+  header[name]["data_offsets"] = {data_size, data_size + (end - begin)};
+  std::vector<char> out = with_header(header, original);
+  const auto data = original.begin() + 8 + static_cast<std::ptrdiff_t>(n);
+  out.insert(out.end(), data + static_cast<std::ptrdiff_t>(begin), data + static_cast<std::ptrdiff_t>(end));
+  return out;
+}
+
 }  // namespace kiln::testing

@@ -50,7 +50,8 @@ class Backend {
   // first kernel of its group, itself when alone. Empty when the backend has none.
   virtual std::vector<int> row_groups(const std::vector<Kernel>& kernels) const;
   // Renders, compiles (or finds in the caches) and loads the JIT kernels among `kernels` for
-  // `device`; null when every kernel is a library call. `groups` as row_groups returned.
+  // `device`; null when every kernel is a library call. `groups` as row_groups returned. The
+  // result refers to `kernels` (error messages name them): the plan owns both.
   virtual std::unique_ptr<CompiledKernels> compile(const std::vector<Kernel>& kernels, Device device,
                                                    const std::vector<int>& groups) const = 0;
   // A library kernel (Matmul, Conv) on the buffers `ptrs`, indexed by plan slot.

@@ -44,7 +44,7 @@ class HostKernels final : public jit::CompiledKernels {
   }
 
  private:
-  std::vector<jit::Kernel> kernels_;  // a copy: error messages name them after the plan is gone
+  const std::vector<jit::Kernel>& kernels_;  // the plan's, which owns this object
   std::shared_ptr<CompiledModule> module_;
   std::vector<KernelFn> fns_;  // per kernel; null for library calls
 };

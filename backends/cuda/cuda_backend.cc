@@ -86,7 +86,7 @@ class DeviceKernels final : public jit::CompiledKernels {
   }
 
  private:
-  std::vector<jit::Kernel> kernels_;
+  const std::vector<jit::Kernel>& kernels_;  // the plan's, which owns this object
   Device device_;
   CudaKernels compiled_;
   std::vector<int> fallible_;    // kernels that may report an index out of range, in order

@@ -3,6 +3,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/autocast.h"
 #include "memory/recompute.h"
 #include "ops/ops.h"
 
@@ -59,6 +60,9 @@ Backward backpropagate(const Tensor& output, const Tensor& grad_output, bool ret
   NoGradGuard no_grad;
   Backward result;
   auto& grads = result.grads;
+  // Gradients run in the dtype of each forward value (PyTorch: autocast never applies to the
+  // backward); a rule's sum or exp must not widen them.
+  AutocastGuard no_autocast(false);
   grads[output.node().get()] = cast(seed, output.dtype());
   result.order = autograd_order(output.node().get());
   // Inside checkpoint segments the rules read recomputed copies (memory/recompute.h), so the
@@ -100,6 +104,7 @@ std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs
   auto& grads = backward.grads;
   std::vector<Tensor> result;
   NoGradGuard no_grad;
+  AutocastGuard no_autocast(false);
   for (const Tensor& in : inputs) {
     auto it = grads.find(in.node().get());
     result.push_back(it != grads.end() ? it->second : zeros(in.shape(), in.dtype()));
@@ -110,6 +115,7 @@ std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs
 void Tensor::backward(bool retain_graph) const {
   Backward backward = backpropagate(*this, {}, retain_graph);
   NoGradGuard no_grad;
+  AutocastGuard no_autocast(false);
   for (auto& [node, g] : backward.grads) {
     if (!node->grad_leaf) continue;
     std::shared_ptr<Var> v = node->var.lock();

@@ -121,7 +121,6 @@ Flags Flags::from_environment() { return read_environment(); }
 
 void Flags::check_built() const {
   static const Flags defaults;  // runs at every sync: built once
-  if (amp != defaults.amp) not_built("amp", show(amp), show(defaults.amp), "automatic mixed precision");
   if (quantize != defaults.quantize) not_built("quantize", show(quantize), show(defaults.quantize), "quantization");
   if (quantize_bits != defaults.quantize_bits)
     not_built("quantize_bits", show(quantize_bits), show(defaults.quantize_bits), "quantization");

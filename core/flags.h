@@ -31,13 +31,13 @@ enum class AmpMode : uint8_t { None, Float16, BFloat16 };
   X(std::string, memory_budget, "", "plan memory budget: a size (512MiB) or a fraction (0.5)")     \
   X(std::string, memory_limit, "", "cap on total allocated bytes (e.g. 2GiB); empty = none")       \
   X(bool, debug_memory, false, "fill every freed buffer with NaN to catch use-after-free")         \
-  X(AmpMode, amp, AmpMode::None, "none|fp16|bf16: automatic mixed precision (not built yet)")     \
+  X(AmpMode, amp, AmpMode::None, "none|fp16|bf16: autocast ops to this type (ops/autocast.h)")   \
   X(bool, quantize, false, "quantize Linear layers for inference (not built yet)")                \
   X(int, quantize_bits, 8, "bit width used when quantize is on (not built yet)")
 
-// amp, quantize and quantize_bits are declared for the features that will read them, which are
-// not built yet: until they are, a value other than the default throws kiln::Error saying so,
-// wherever it was set (environment, set(), or the field itself: see check_built()).
+// quantize and quantize_bits are declared for the feature that will read them, which is not built
+// yet: until it is, a value other than the default throws kiln::Error saying so, wherever it was
+// set (environment, set(), or the field itself: see check_built()).
 
 struct Flags {
 #define KILN_DECLARE_FLAG(type, name, def, doc) type name = def;
@@ -52,8 +52,8 @@ struct Flags {
   static Flags from_environment();
   // Sets a flag from text, as the environment does; throws kiln::Error on unknown names/values.
   void set(const std::string& name, const std::string& value);
-  // Throws kiln::Error when a flag of a feature that is not built yet (amp, quantize,
-  // quantize_bits) has a value other than its default. The environment and set() check this;
+  // Throws kiln::Error when a flag of a feature that is not built yet (quantize, quantize_bits)
+  // has a value other than its default. The environment and set() check this;
   // every realize checks it too, so a field set directly fails before anything runs with it.
   void check_built() const;
 };

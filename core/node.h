@@ -87,6 +87,10 @@ struct Var {
   NodePtr node;
   std::shared_ptr<Var> grad;  // accumulated gradient (a lazy node until realized)
   bool requires_grad = false;
+  // Autocast's copy of this variable's value in a low-precision type (ops/autocast.h): current
+  // while low_copy_of is `node`. Not a handle: it keeps no pending value from being computed.
+  NodePtr low_copy;
+  std::weak_ptr<Node> low_copy_of;
 
   explicit Var(NodePtr n) { set(std::move(n)); }
   ~Var() {

@@ -73,6 +73,13 @@ struct ConvCall {
   ConvGeometry geometry;
 };
 
+// A further output of an elementwise kernel: value `value` stored into buffer `buffer` (marked
+// written) at the kernel's store index.
+struct SideStore {
+  int buffer = -1;
+  int value = -1;
+};
+
 struct Kernel {
   KernelKind kind = KernelKind::Elementwise;
   std::string name;
@@ -82,6 +89,7 @@ struct Kernel {
   std::vector<Loop> loops;            // outermost first
   int value = -1;                     // expr stored / folded / scattered
   IndexExpr store_index;              // where value goes (Scatter: without the scattered axis)
+  std::vector<SideStore> side_stores; // Elementwise: more outputs, stored where value is
   Op reduce_op = Op::ReduceSum;       // Reduce
   bool column = false;                // Reduce: loops o (parallel), reduce axes, then i (inner)
   int scatter_index = -1;             // Scatter: expr giving the position along the axis

@@ -31,6 +31,7 @@ struct Lowerer {
 
   void assign_slots();
   bool build_kernels();
+  bool add_side_output(const Node* node, const std::vector<int>& kernel_of);
 };
 
 void Lowerer::assign_slots() {
@@ -72,6 +73,14 @@ class KernelBuilder {
   // Index of `node`'s value at multi-index `idx`, fused down to buffers, constants and generators.
   int value(const Node* node, const std::vector<IndexExpr>& idx, bool is_root = false);
   int buffer(int slot, DType dtype, bool written = false);
+  // op(args) as one more value of the kernel.
+  int compute(Op op, DType dtype, std::vector<int> args) {
+    Expr e{Expr::Kind::Compute};
+    e.op = op;
+    e.dtype = dtype;
+    e.args = std::move(args);
+    return push(std::move(e));
+  }
   IndexExpr linear(const std::vector<IndexExpr>& idx, const Shape& shape) { return linear_index(k_.ctx, idx, shape); }
   void note(Op op) {
     if (ops_seen_ < 6) k_.summary += fmt::format("{} ", op_name(op));
@@ -386,11 +395,35 @@ Kernel build_conv(Lowerer& s, const Node* node, int slot) {
 }
 
 
+// A materialized cast of a value that an elementwise kernel writes becomes a second output of
+// that kernel: one pass over the data instead of two. (An optimizer's update and autocast's
+// low-precision copy of the new weight: ops/autocast.h.)
+bool Lowerer::add_side_output(const Node* node, const std::vector<int>& kernel_of) {
+  if (node->op != Op::Cast || node->realized()) return false;
+  const Node* src = node->inputs[0].get();
+  auto at = position.find(src);
+  if (at == position.end() || kernel_of[at->second] < 0 || src->shape != node->shape) return false;
+  Kernel& k = out.kernels[kernel_of[at->second]];
+  if (k.kind != KernelKind::Elementwise || k.buffers[0].slot != slot_of.at(src)) return false;
+  KernelBuilder b(*this, k);
+  SideStore store;
+  store.value = b.compute(Op::Cast, node->dtype, {k.value});
+  store.buffer = b.buffer(slot_of.at(node), node->dtype, true);
+  k.side_stores.push_back(store);
+  k.summary += fmt::format(" +{}", dtype_name(node->dtype));
+  return true;
+}
+
 bool Lowerer::build_kernels() {
+  std::vector<int> kernel_of(graph.nodes.size(), -1);  // node -> the kernel that writes it
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     if (!schedule.materialized[i]) continue;
     const Node* node = graph.nodes[i].get();
     int slot = slot_of.at(node);
+    if (add_side_output(node, kernel_of)) {
+      kernel_of[i] = kernel_of[position.at(node->inputs[0].get())];
+      continue;
+    }
     Kernel k;
     switch (op_kind(node->op)) {
       case OpKind::Reduce:
@@ -425,6 +458,7 @@ bool Lowerer::build_kernels() {
         }
     }
     k.name = fmt::format("kiln_k{}", out.kernels.size());
+    kernel_of[i] = static_cast<int>(out.kernels.size());
     out.kernels.push_back(std::move(k));
   }
   return true;

@@ -48,13 +48,24 @@ void plan_buffers(Plan& plan) {
   std::vector<int> request_of(s.slots.size(), -1), slot_of_request;
   for (size_t k = 0; k < s.kernels.size(); ++k) {
     const Kernel& kernel = s.kernels[k];
+    const bool grouped = in_row_group(plan, k);
+    const int first = grouped ? plan.group_start[k] : static_cast<int>(k);
+    for (const SideStore& side : kernel.side_stores) {
+      int slot = kernel.buffers[side.buffer].slot;
+      if (!intermediate(slot)) {
+        plan.output_bytes += bytes_of(slot);
+        continue;
+      }
+      request_of[slot] = static_cast<int>(requests.size());
+      slot_of_request.push_back(slot);
+      requests.push_back({bytes_of(slot), first, plan.last_use[slot], -1});
+    }
     int out = kernel.buffers[0].slot;
     if (!intermediate(out)) {
       plan.output_bytes += bytes_of(out);
       continue;
     }
-    const bool grouped = in_row_group(plan, k);
-    memory::BufferRequest r{bytes_of(out), grouped ? plan.group_start[k] : static_cast<int>(k), plan.last_use[out], -1};
+    memory::BufferRequest r{bytes_of(out), first, plan.last_use[out], -1};
     for (size_t b = 1; b < kernel.buffers.size() && !grouped; ++b) {
       int in = kernel.buffers[b].slot;
       if (intermediate(in) && plan.last_use[in] == static_cast<int>(k) && bytes_of(in) == bytes_of(out) &&

@@ -8,6 +8,7 @@
 #include "core/autograd.h"
 #include "core/shape.h"
 #include "nn/init.h"
+#include "ops/autocast.h"
 #include "ops/ops.h"
 
 namespace kiln::nn {
@@ -28,8 +29,7 @@ Linear::Linear(const LinearOptions& o) : Module("Linear"), options_(o) {
 Tensor Linear::forward(const Tensor& x) {
   KILN_CHECK(x.dim() >= 1 && x.shape().back() == options_.in_features(), "Linear",
              "input {} does not end in in_features={}", shape_str(x.shape()), options_.in_features());
-  Tensor y = matmul(x, weight.t());  // (..., out)
-  return bias.defined() ? y + bias : y;
+  return linear(x, weight, bias);
 }
 
 Dropout::Dropout(double p) : Module("Dropout"), p_(p) {
@@ -93,7 +93,9 @@ BatchNormBase::BatchNormBase(const char* name, const BatchNormOptions& o) : Modu
   set_extra_repr(fmt::format("{}, eps={}, momentum={}", o.features(), o.eps(), o.momentum()));
 }
 
-Tensor BatchNormBase::normalize(const Tensor& x) const {
+Tensor BatchNormBase::normalize(const Tensor& x_in) const {
+  AutocastScope amp("batch_norm");
+  const Tensor x = amp(x_in);
   int64_t C = options_.features();
   std::vector<int64_t> axes{0};           // every axis but the channels
   Shape channel_shape{C};                 // (C, 1, ...): broadcasts against x

@@ -1,6 +1,7 @@
 // Composite ops: built only from primitives, so the JIT fuses them and autograd derives them.
 #include <cmath>
 
+#include "ops/autocast.h"
 #include "ops/ops.h"
 
 namespace kiln {
@@ -8,6 +9,7 @@ namespace kiln {
 Tensor relu(const Tensor& x) { return maximum(x, scalar_like(0.0, x)); }
 
 Tensor gelu(const Tensor& x, bool tanh_approximation) {
+  AutocastScope amp("gelu");
   if (tanh_approximation) {
     const double k = std::sqrt(2.0 / M_PI);
     return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
@@ -15,22 +17,34 @@ Tensor gelu(const Tensor& x, bool tanh_approximation) {
   return 0.5 * x * (1.0 + erf(x * M_SQRT1_2));
 }
 
-Tensor sigmoid(const Tensor& x) { return reciprocal(1.0 + exp(-x)); }
-Tensor silu(const Tensor& x) { return x * sigmoid(x); }
+Tensor sigmoid(const Tensor& x) {
+  AutocastScope amp("sigmoid");
+  return reciprocal(1.0 + exp(-x));
+}
+Tensor silu(const Tensor& x) {
+  AutocastScope amp("silu");
+  return x * sigmoid(x);
+}
 
-Tensor softmax(const Tensor& x, int64_t axis) {
+Tensor softmax(const Tensor& x_in, int64_t axis) {
+  AutocastScope amp("softmax");
+  const Tensor x = amp(x_in);
   axis = normalize_axis(axis, x.dim(), "softmax");  // so a bad axis names softmax, not max
   Tensor e = exp(x - max(x, {axis}, true));
   return e / sum(e, {axis}, true);
 }
 
-Tensor log_softmax(const Tensor& x, int64_t axis) {
+Tensor log_softmax(const Tensor& x_in, int64_t axis) {
+  AutocastScope amp("log_softmax");
+  const Tensor x = amp(x_in);
   axis = normalize_axis(axis, x.dim(), "log_softmax");
   Tensor shifted = x - max(x, {axis}, true);
   return shifted - log(sum(exp(shifted), {axis}, true));
 }
 
-Tensor logsumexp(const Tensor& x, std::vector<int64_t> axes, bool keepdim) {
+Tensor logsumexp(const Tensor& x_in, std::vector<int64_t> axes, bool keepdim) {
+  AutocastScope amp("logsumexp");
+  const Tensor x = amp(x_in);
   if (x.dim() > 0)  // (a 0-d input's axes are checked by the reductions)
     for (int64_t& axis : axes) axis = normalize_axis(axis, x.dim(), "logsumexp");
   // The max is a constant shift: no gradient needs to flow through it.
@@ -42,7 +56,10 @@ Tensor logsumexp(const Tensor& x, std::vector<int64_t> axes, bool keepdim) {
   return sum(r, axes, false);  // summing size-1 axes drops them
 }
 
-Tensor layer_norm(const Tensor& x, Shape normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
+Tensor layer_norm(const Tensor& x_in, Shape normalized_shape, const Tensor& weight_in, const Tensor& bias_in,
+                  double eps) {
+  AutocastScope amp("layer_norm");
+  const Tensor x = amp(x_in), weight = amp(weight_in), bias = amp(bias_in);
   size_t k = normalized_shape.size();
   KILN_CHECK(k >= 1 && k <= x.dim() && Shape(x.shape().end() - k, x.shape().end()) == normalized_shape, "layer_norm",
              "normalized shape {} must match the trailing dims of input {}", shape_str(normalized_shape),

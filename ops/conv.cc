@@ -1,5 +1,6 @@
 // conv2d of the user API: argument checks, then oneDNN's primitive where it has the dtype and an
 // unfold + matmul composite elsewhere.
+#include "ops/autocast.h"
 #include "ops/library.h"
 #include "ops/ops.h"
 #include "ops/primitive.h"
@@ -29,13 +30,21 @@ Tensor conv2d_unfolded(const Tensor& x, const Tensor& w, const std::vector<int64
 
 }  // namespace
 
-Tensor conv2d(const Tensor& x_in, const Tensor& weight, const Tensor& bias, std::array<int64_t, 2> stride,
+Tensor conv2d(const Tensor& x_raw, const Tensor& weight_raw, const Tensor& bias_raw, std::array<int64_t, 2> stride,
               std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups) {
+  AutocastScope amp("conv2d");
+  const Tensor x_in = amp(x_raw), weight = amp(weight_raw), bias = amp(bias_raw);
   KILN_CHECK(x_in.dim() == 3 || x_in.dim() == 4, "conv2d", "x must be (N, C, H, W) or (C, H, W), got {}",
              shape_str(x_in.shape()));
   KILN_CHECK(is_floating(x_in.dtype()) && x_in.dtype() == weight.dtype(), "conv2d",
              "x and weight must share one float dtype; got {} and {}", dtype_name(x_in.dtype()),
              dtype_name(weight.dtype()));
+  const DType t = x_in.dtype();
+  if (t == DType::Float16 && !library_conv(x_in.device(), t) && library_conv(x_in.device(), DType::Float32)) {
+    // As matmul: no float16 library convolution here, so the float32 one of widened operands.
+    auto wide = [](const Tensor& v) { return v.defined() ? cast(v, DType::Float32) : v; };
+    return cast(conv2d(wide(x_in), wide(weight), wide(bias), stride, padding, dilation, groups), t);
+  }
   Tensor x = x_in.dim() == 3 ? unsqueeze(x_in, 0) : x_in;
   std::vector<int64_t> conv{stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1], groups};
   Tensor y = library_conv(x.device(), x.dtype())

@@ -1,6 +1,7 @@
 // Elementwise ops of the user API: dtype promotion and broadcasting, then one primitive.
 #include <cmath>
 
+#include "ops/autocast.h"
 #include "ops/ops.h"
 #include "ops/primitive.h"
 
@@ -26,8 +27,14 @@ Tensor float_unary(Op op, const Tensor& a) {
 }  // namespace
 
 Tensor neg(const Tensor& a) { return prim::unary(Op::Neg, a); }
-Tensor exp(const Tensor& a) { return float_unary(Op::Exp, a); }
-Tensor log(const Tensor& a) { return float_unary(Op::Log, a); }
+Tensor exp(const Tensor& a) {
+  AutocastScope amp("exp");
+  return float_unary(Op::Exp, amp(a));
+}
+Tensor log(const Tensor& a) {
+  AutocastScope amp("log");
+  return float_unary(Op::Log, amp(a));
+}
 Tensor sqrt(const Tensor& a) { return float_unary(Op::Sqrt, a); }
 Tensor rsqrt(const Tensor& a) { return float_unary(Op::Rsqrt, a); }
 Tensor sin(const Tensor& a) { return float_unary(Op::Sin, a); }
@@ -51,14 +58,17 @@ Tensor div(const Tensor& a, const Tensor& b) {
   return binary(Op::Div, a, b, "div");
 }
 Tensor pow(const Tensor& a, const Tensor& b) {
-  auto [x, y] = align(a, b, "pow");
+  AutocastScope amp("pow");
+  auto [x, y] = align(amp(a), amp(b), "pow");
   if (!is_floating(x.dtype())) {
     x = cast(x, DType::Float32);
     y = cast(y, DType::Float32);
   }
   return prim::binary(Op::Pow, x, y);
 }
-Tensor pow(const Tensor& a, double exponent) {
+Tensor pow(const Tensor& a_in, double exponent) {
+  AutocastScope amp("pow");
+  const Tensor a = amp(a_in);
   if (exponent == 1.0) return a;
   if (exponent == 2.0) return mul(a, a);
   if (exponent == 0.5) return sqrt(a);

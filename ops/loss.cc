@@ -2,6 +2,7 @@
 #include "ops/loss.h"
 
 #include "core/shape.h"
+#include "ops/autocast.h"
 #include "ops/ops.h"
 
 namespace kiln {
@@ -32,7 +33,9 @@ void check_class_inputs(const Tensor& scores, const Tensor& labels, const char* 
 
 }  // namespace
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntropyOptions& options) {
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& labels, const CrossEntropyOptions& options) {
+  AutocastScope amp("cross_entropy");
+  const Tensor logits = amp(logits_in);
   check_class_inputs(logits, labels, "cross_entropy");
   const double s = options.label_smoothing();
   KILN_CHECK(s >= 0 && s < 1, "cross_entropy", "label_smoothing {} not in [0, 1)", s);
@@ -51,24 +54,32 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntr
   return reduce(per_row, options.reduction());
 }
 
-Tensor nll_loss(const Tensor& log_probs, const Tensor& labels, Reduction reduction) {
+Tensor nll_loss(const Tensor& log_probs_in, const Tensor& labels, Reduction reduction) {
+  AutocastScope amp("nll_loss");
+  const Tensor log_probs = amp(log_probs_in);
   check_class_inputs(log_probs, labels, "nll_loss");
   Tensor picked = sum(one_hot(labels, log_probs.size(1), log_probs.dtype()) * log_probs, {1});  // (N)
   return reduce(-picked, reduction);
 }
 
-Tensor mse_loss(const Tensor& prediction, const Tensor& target, Reduction reduction) {
+Tensor mse_loss(const Tensor& prediction_in, const Tensor& target_in, Reduction reduction) {
+  AutocastScope amp("mse_loss");
+  const Tensor prediction = amp(prediction_in), target = amp(target_in);
   check_same_shape(prediction, target, "mse_loss");
   Tensor diff = prediction - target;
   return reduce(diff * diff, reduction);
 }
 
-Tensor l1_loss(const Tensor& prediction, const Tensor& target, Reduction reduction) {
+Tensor l1_loss(const Tensor& prediction_in, const Tensor& target_in, Reduction reduction) {
+  AutocastScope amp("l1_loss");
+  const Tensor prediction = amp(prediction_in), target = amp(target_in);
   check_same_shape(prediction, target, "l1_loss");
   return reduce(abs(prediction - target), reduction);
 }
 
-Tensor bce_with_logits(const Tensor& logits, const Tensor& target, Reduction reduction) {
+Tensor bce_with_logits(const Tensor& logits_in, const Tensor& target_in, Reduction reduction) {
+  AutocastScope amp("bce_with_logits");
+  const Tensor logits = amp(logits_in), target = amp(target_in);
   check_same_shape(logits, target, "bce_with_logits");
   Tensor per_element = relu(logits) - logits * target + log(1.0 + exp(-abs(logits)));
   return reduce(per_element, reduction);

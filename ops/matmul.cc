@@ -1,17 +1,25 @@
 // matmul of the user API: NumPy's broadcasting batched product, lowered to one (B, M, K) @ (B, K, N)
 // primitive that runs as a library call (ops/library.h), or to a multiply-reduce where no library
 // takes the dtype.
+#include "ops/autocast.h"
 #include "ops/library.h"
 #include "ops/ops.h"
 #include "ops/primitive.h"
 
 namespace kiln {
 
-Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+Tensor matmul(const Tensor& a_raw, const Tensor& b_raw) {
+  AutocastScope amp("matmul");
+  const Tensor a_in = amp(a_raw), b_in = amp(b_raw);
   KILN_CHECK(a_in.dim() >= 1 && b_in.dim() >= 1, "matmul", "operands must have at least one dim: {} @ {}",
              shape_str(a_in.shape()), shape_str(b_in.shape()));
   DType t = promote(a_in.dtype(), b_in.dtype());
   if (!is_floating(t)) t = DType::Float32;
+  if (t == DType::Float16 && !library_matmul(a_in.device(), t) && library_matmul(a_in.device(), DType::Float32)) {
+    // No float16 library product here (a CPU without native float16): the float32 product of
+    // the widened operands, rounded once. Correct (closer than float16 accumulation), not faster.
+    return cast(matmul(cast(a_in, DType::Float32), cast(b_in, DType::Float32)), t);
+  }
   Tensor a = cast(a_in.dim() == 1 ? unsqueeze(a_in, 0) : a_in, t);
   Tensor b = cast(b_in.dim() == 1 ? unsqueeze(b_in, -1) : b_in, t);
   int64_t M = a.shape()[a.dim() - 2], K = a.shape()[a.dim() - 1];
@@ -56,6 +64,17 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   if (a_in.dim() == 1) out = squeeze(out, -2);
   if (b_in.dim() == 1) out = squeeze(out, -1);
   return out;
+}
+
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+  AutocastScope amp("linear");
+  // The weight is cast before it is transposed, so that autocast's copy is the parameter's own.
+  const Tensor x = amp(x_in), weight = amp(weight_in), bias = amp(bias_in);
+  KILN_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.shape().back() == weight.size(1), "linear",
+             "input {} does not end in the weight's in_features: weight is {} (out_features, in_features)",
+             shape_str(x.shape()), shape_str(weight.shape()));
+  Tensor y = matmul(x, weight.t());  // (..., out)
+  return bias.defined() ? y + bias : y;
 }
 
 }  // namespace kiln

@@ -128,6 +128,8 @@ Tensor one_hot(const Tensor& labels, int64_t classes, DType dtype = DType::Float
 // ---- linear algebra ----
 // Batched, broadcasting matmul as in NumPy: (..., M, K) @ (..., K, N); 1-d operands allowed.
 Tensor matmul(const Tensor& a, const Tensor& b);
+// x @ weight^T + bias, weight (out_features, in_features), bias (out_features) or undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 
 // ---- convolution ----
 // 2-D convolution (cross-correlation, as in PyTorch) of x (N, C, H, W) or (C, H, W) with weight

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <limits>
 
+#include "ops/autocast.h"
 #include "ops/ops.h"
 
 namespace kiln {
@@ -241,6 +242,7 @@ Tensor avg_pool_4d(const Tensor& x, const PoolGeometry& g, bool count_include_pa
 
 Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
                   std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, bool ceil_mode) {
+  AutocastScope amp("max_pool2d");
   PoolGeometry g = pool_geometry("max_pool2d", x, kernel, stride, padding, dilation, ceil_mode);
   KILN_CHECK(x.dtype() != DType::Bool, "max_pool2d", "input {} is bool; cast it to a number type first",
              shape_str(x.shape()));
@@ -250,6 +252,7 @@ Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int
 
 Tensor avg_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
                   std::array<int64_t, 2> padding, bool ceil_mode, bool count_include_pad) {
+  AutocastScope amp("avg_pool2d");
   PoolGeometry g = pool_geometry("avg_pool2d", x, kernel, stride, padding, {1, 1}, ceil_mode);
   KILN_CHECK(is_floating(x.dtype()), "avg_pool2d", "input {} has dtype {}; averages need a float type (cast first)",
              shape_str(x.shape()), dtype_name(x.dtype()));

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "ops/autocast.h"
 #include "ops/ops.h"
 #include "ops/primitive.h"
 
@@ -46,7 +47,8 @@ Tensor reduce(Op op, const Tensor& a, std::vector<int64_t> axes, bool keepdim, c
 }  // namespace
 
 Tensor sum(const Tensor& a, std::vector<int64_t> axes, bool keepdim) {
-  return reduce(Op::ReduceSum, a, std::move(axes), keepdim, "sum");
+  AutocastScope amp("sum");
+  return reduce(Op::ReduceSum, amp(a), std::move(axes), keepdim, "sum");
 }
 Tensor max(const Tensor& a, std::vector<int64_t> axes, bool keepdim) {
   return reduce(Op::ReduceMax, a, std::move(axes), keepdim, "max");
@@ -58,7 +60,9 @@ Tensor min(const Tensor& a, std::vector<int64_t> axes, bool keepdim) {
   return cast(neg(max(neg(cast(a, DType::Int64)), std::move(axes), keepdim)), a.dtype());
 }
 
-Tensor mean(const Tensor& a, std::vector<int64_t> axes, bool keepdim) {
+Tensor mean(const Tensor& a_in, std::vector<int64_t> axes, bool keepdim) {
+  AutocastScope amp("mean");
+  const Tensor a = amp(a_in);
   auto norm = normalize_axes(a, axes, "mean");
   int64_t count = 1;
   for (int64_t ax : norm) count *= a.shape()[ax];
@@ -71,7 +75,9 @@ Tensor mean(const Tensor& a, std::vector<int64_t> axes, bool keepdim) {
   return half ? cast(m, t) : m;
 }
 
-Tensor var(const Tensor& a, std::vector<int64_t> axes, bool keepdim, bool unbiased) {
+Tensor var(const Tensor& a_in, std::vector<int64_t> axes, bool keepdim, bool unbiased) {
+  AutocastScope amp("var");
+  const Tensor a = amp(a_in);
   auto norm = normalize_axes(a, axes, "var");
   int64_t count = 1;
   for (int64_t ax : norm) count *= a.shape()[ax];

@@ -6,6 +6,7 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "ops/autocast.h"
 #include "ops/ops.h"
 
 namespace kiln::optim {
@@ -60,6 +61,7 @@ void Optimizer::step_loss(const Tensor& loss, std::vector<Tensor> outputs) {
 void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra) {
   resize_state();
   NoGradGuard no_grad;
+  AutocastGuard no_autocast(false);  // updates run in the parameters' type
   // State tensors start as realized zeros, so the first step's graph is the same as every
   // later one's and the plan cache serves all of them.
   std::vector<Tensor> fresh;
@@ -84,11 +86,14 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra) {
     for (size_t i = 0; i < group_params(g).size(); ++i, ++flat) {
       if (!grads[flat].defined()) continue;
       Tensor p = group_params(g)[i];
+      const NodePtr before = p.node();
       ParamState& state = state_[g][i];
       state.step++;
       update(g, p, grads[flat], state);
       outputs.push_back(p);
       for (auto& [name, t] : state.tensors) outputs.push_back(t);
+      // Autocast's low-precision copy of the new value, written by the update's own kernel.
+      if (Tensor copy = refresh_autocast_copy(p, before); copy.defined()) outputs.push_back(std::move(copy));
     }
   }
   // A gradient handle held here would count as a user's pending value that reads the old

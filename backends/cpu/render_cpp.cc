@@ -124,6 +124,9 @@ std::string CppKernelRenderer::render() {
       emit_values(out, "    ");
     }
     out += fmt::format("    {}[{}] = {};\n", buf(0), idx(k_.store_index), store_value(out_t, result));
+    for (const SideStore& side : k_.side_stores)
+      out += fmt::format("    {}[{}] = {};\n", buf(side.buffer), idx(k_.store_index),
+                         store_value(k_.buffers[side.buffer].dtype, v(side.value)));
     out += k_.loops.size() == 1 ? "  }\n" : "  }}\n";
   } else if (k_.kind == KernelKind::Reduce) {
     bool is_sum = k_.reduce_op == Op::ReduceSum;

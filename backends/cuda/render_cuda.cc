@@ -67,7 +67,7 @@ const char* kGridStride = "(int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < {
 std::vector<std::string> cuda_parameter_types(const Kernel& k) {
   std::vector<std::string> types;
   for (size_t b = 0; b < k.buffers.size(); ++b)
-    types.push_back(fmt::format("{}{}*", b == 0 ? "" : "const ", storage_type(k.buffers[b].dtype)));
+    types.push_back(fmt::format("{}{}*", b == 0 || k.buffers[b].written ? "" : "const ", storage_type(k.buffers[b].dtype)));
   types.insert(types.end(), kTrailingTypes.begin(), kTrailingTypes.end());
   return types;
 }
@@ -169,7 +169,8 @@ VectorPlan vector_plan(const Kernel& k) {
     const int64_t c0 = k.ctx.coefficient(e, k.loops[0].var);
     return c0 == last.extent || (last.extent % v == 0 && c0 % v == 0);
   };
-  if (v < 2 || k.out_numel < kVectorMinimum || !contiguous(k.store_index)) return plan;
+  // (Side outputs take the scalar path: they are rare, an update and a copy of its result.)
+  if (v < 2 || k.out_numel < kVectorMinimum || !contiguous(k.store_index) || !k.side_stores.empty()) return plan;
   plan.width = v;
   for (const Expr& e : k.exprs) plan.load.push_back(candidate(e) && contiguous(e.index));
   return plan;
@@ -239,11 +240,21 @@ void CudaKernelRenderer::elementwise(std::string& out, std::vector<CudaLaunch>& 
                                           n, vars_at("t"));
   out += fmt::format("  for (int64_t first = thread; first < {}LL; first += {} * stride) {{\n", n, kUnroll);
   out += fmt::format("    {} result[{}];\n", out_t, kUnroll);
+  for (size_t j = 0; j < k_.side_stores.size(); ++j)
+    out += fmt::format("    {} side{}[{}];\n", storage_type(k_.buffers[k_.side_stores[j].buffer].dtype), j, kUnroll);
   out += fmt::format("#pragma unroll\n    for (int u = 0; u < {}; ++u) {{\n", kUnroll) + element;
   values_.emit_values(out, "      ");
-  out += fmt::format("      result[u] = {};\n    }}\n", store);
+  out += fmt::format("      result[u] = {};\n", store);
+  for (size_t j = 0; j < k_.side_stores.size(); ++j) {
+    const SideStore& side = k_.side_stores[j];
+    out += fmt::format("      side{}[u] = {};\n", j, store_value(k_.buffers[side.buffer].dtype, values_.v(side.value)));
+  }
+  out += "    }\n";
   out += fmt::format("#pragma unroll\n    for (int u = 0; u < {}; ++u) {{\n", kUnroll) + element;
-  out += fmt::format("      {}[{}] = result[u];\n    }}\n  }}\n}}\n", values_.buf(0), values_.idx(k_.store_index));
+  out += fmt::format("      {}[{}] = result[u];\n", values_.buf(0), values_.idx(k_.store_index));
+  for (size_t j = 0; j < k_.side_stores.size(); ++j)
+    out += fmt::format("      {}[{}] = side{}[u];\n", values_.buf(k_.side_stores[j].buffer), values_.idx(k_.store_index), j);
+  out += "    }\n  }\n}\n";
   launches.push_back({k_.name, blocks_for(n, kThreads * per_thread), kThreads});
 }
 
@@ -473,6 +484,7 @@ std::vector<CudaLaunch> CudaKernelRenderer::render(std::string& out) {
 // output depends on row `o` of what it reads (checked by the group for earlier outputs).
 bool row_shaped(const Kernel& k, int64_t rows, int64_t cols) {
   if (k.loops.empty() || k.loops[0].role != Loop::Role::Parallel || k.loops[0].extent != rows) return false;
+  if (!k.side_stores.empty()) return false;  // a phase writes one output
   for (const Expr& e : k.exprs)
     if (e.kind == Expr::Kind::GatherLoad) return false;  // index errors are reported per kernel
   if (k.kind == KernelKind::Elementwise)

@@ -17,6 +17,7 @@
 // against an installed kiln needs none of them (tests/install checks it). Tests and benchmarks
 // that measure internals include those headers by path ("jit/executor.h").
 #pragma once
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/device.h"
 #include "core/dtype.h"
@@ -31,5 +32,6 @@
 #include "memory/report.h"
 #include "nn/data/mnist.h"
 #include "nn/nn.h"
+#include "ops/autocast.h"
 #include "ops/ops.h"
 #include "optim/optim.h"

@@ -108,7 +108,13 @@ std::string ValueRenderer::expr_text(const Expr& e, const std::string& element) 
       std::string a0 = v(e.args[0]);
       std::string a1 = e.args.size() > 1 ? v(e.args[1]) : "";
       std::string a2 = e.args.size() > 2 ? v(e.args[2]) : "";
-      return fmt::format("({})({})", ct, fmt::format(fmt::runtime(pat), a0, a1, a2));
+      std::string r = fmt::format("({})({})", ct, fmt::format(fmt::runtime(pat), a0, a1, a2));
+      // Half types compute in float and round every result, as if each op stored it: a fused
+      // chain then gives the bits of the unfused one, and a value recomputed in two kernels (a
+      // max and the comparison against it) is the same value in both.
+      if (e.dtype == DType::Float16) return fmt::format("kiln_round_h({})", r);
+      if (e.dtype == DType::BFloat16) return fmt::format("kiln_round_bf({})", r);
+      return r;
     }
   }
   return "";

@@ -8,6 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "core/tensor.h"
 
 namespace kiln::jit {
 
@@ -34,5 +37,15 @@ std::string cache_directory();
 // kernels in the kernel caches) again.
 void clear_plan_cache();
 size_t plan_cache_size();
+
+// What a training step keeps in memory for its backward, as the scheduler would plan it: the bytes
+// of forward values that the gradient kernels of `loss` (with respect to `params`) read from
+// memory. Values fused into those kernels are recomputed there and not counted. Nothing runs:
+// the gradient graph is built with retain_graph and dropped.
+struct SavedForBackward {
+  int64_t activations = 0;  // everything but the weights: inputs, activations, their casts
+  int64_t weights = 0;      // parameters and autocast's low-precision copies of them
+};
+SavedForBackward saved_for_backward(const Tensor& loss, const std::vector<Tensor>& params);
 
 }  // namespace kiln::jit

@@ -82,13 +82,34 @@ struct Settings {
   int epochs = 1;
   int64_t max_steps = -1, batch_size = 128;
   double lr = 0.05;
-  std::string model_name = "mlp", device = "cpu", save_path, load_path, csv_path, data_dir;
+  std::string model_name = "mlp", device = "cpu", save_path, load_path, csv_path, data_dir, amp = "none";
   uint64_t seed = 0;
 };
 
+// --amp: the type autocast runs matmuls and convolutions in (float32 when "none").
+static kiln::DType amp_dtype(const std::string& amp) {
+  return amp == "bf16" ? kiln::DType::BFloat16 : amp == "fp16" ? kiln::DType::Float16 : kiln::DType::Float32;
+}
+
+// What the first step keeps for its backward under autocast, next to the same step in float32
+// (planned, not run: the float32 graph is built and dropped).
+static void print_saved(nn::Module& model, const Tensor& x, const Tensor& labels, const Tensor& loss) {
+  std::vector<Tensor> params = model.parameters();
+  kiln::jit::SavedForBackward low = kiln::jit::saved_for_backward(loss, params), wide;
+  {
+    kiln::AutocastGuard off(false);
+    wide = kiln::jit::saved_for_backward(nn::cross_entropy(model.forward(x), labels), params);
+  }
+  using kiln::memory::format_bytes;
+  fmt::print("saved for the backward: activations {} (float32: {}, {:.2f}x), weights {} (float32: {})\n",
+             format_bytes(low.activations), format_bytes(wide.activations),
+             static_cast<double>(low.activations) / static_cast<double>(std::max<int64_t>(wide.activations, 1)),
+             format_bytes(low.weights), format_bytes(wide.weights));
+}
+
 static void fit(const Settings& settings, const data::Dataset& train_set, const data::Dataset& test) {
   const auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir,
-               seed] = settings;
+               amp, seed] = settings;
   const kiln::Device run_on = device == "cuda" ? kiln::Device::cuda(0) : kiln::Device::cpu();
   // Either model, held by value as "any module": forward dispatches to Mlp's or Cnn's.
   nn::AnyModule model = model_name == "cnn" ? nn::AnyModule(Cnn()) : nn::AnyModule(Mlp());
@@ -125,9 +146,11 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
       Tensor loss, correct;
       {  // no handle to the logits outlives the step: it would keep the update from running in place
         Tensor x = batch.input.to(run_on), labels = batch.target.to(run_on);  // no copy for the CPU
+        kiln::AutocastGuard autocast(amp_dtype(amp));  // matmuls and convolutions in bf16/fp16
         Tensor logits = model.forward(x);
         loss = nn::cross_entropy(logits, labels);
         correct = count_correct(logits, labels);
+        if (global_step == 0 && amp != "none") print_saved(model, x, labels, loss);
       }
       // Forward, backward, update, loss and accuracy as one cached plan. step(loss) computes
       // the gradients itself, so they live only inside the plan; PyTorch's style,
@@ -164,7 +187,7 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
 int main(int argc, char** argv) {
   CLI::App app{"Train an MLP or a CNN on Fashion-MNIST with kiln"};
   Settings s;
-  auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir, seed] = s;
+  auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir, amp, seed] = s;
   app.add_option("--epochs", epochs, "passes over the training set")->check(CLI::PositiveNumber);
   app.add_option("--max-steps", max_steps, "stop after this many steps in all (-1: no limit)");
   app.add_option("--batch", batch_size, "examples per step")->check(CLI::PositiveNumber);
@@ -175,6 +198,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", device, "cpu, or cuda (cuda:0; KILN_CUDA_EMULATOR=1 emulates one on the host)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--seed", seed, "seed of initialization and shuffling");
+  app.add_option("--amp", amp, "mixed precision: none, bf16 or fp16 (autocast; parameters stay float32)")
+      ->check(CLI::IsMember({"none", "bf16", "fp16"}));
   app.add_option("--save", save_path, "write the trained weights (safetensors) and the optimizer state next to them");
   app.add_option("--load", load_path, "start from these weights (and their optimizer state, if saved)");
   app.add_option("--log-csv", csv_path, "write step,loss per step to this CSV file");

@@ -284,3 +284,21 @@ TEST_CASE("autocast on a CUDA device: bfloat16 and float16 steps track the CPU's
     for (const Tensor& p : gpu_net.params()) CHECK(p.dtype() == DType::Float32);
   }
 }
+TEST_CASE("half-type chains round every op, so a fused value equals the stored one", "[autocast][fusion]") {
+  for (DType half : {DType::BFloat16, DType::Float16}) {
+    CAPTURE(dtype_name(half));
+    Tensor a = (randn({64, 10}) * 3.0).cast(half).realize(), b = randn({10}).cast(half).realize();
+    Tensor c = randn({64, 10}).cast(half).realize();
+    // Fused: (a + b) * c in one kernel; stored: a + b realized first, then the product. (No
+    // temporary may outlive the statement that records it: a held value gets a buffer.)
+    Tensor fused_product = ((a + b) * c).cast(DType::Float32);
+    Tensor sum_ab = (a + b).realize();
+    Tensor stored_product = (sum_ab * c).cast(DType::Float32);
+    CHECK(fused_product.to_vector<float>() == stored_product.to_vector<float>());
+    // argmax recomputes a + b in the max and in the comparison against it: both must agree, so
+    // every row finds its maximum (an index of 10 would mean none matched).
+    Tensor fused_argmax = argmax(a + b, 1), stored_argmax = argmax(sum_ab, 1);
+    std::vector<int64_t> got = fused_argmax.to_vector<int64_t>(), want = stored_argmax.to_vector<int64_t>();
+    CHECK(got == want);
+  }
+}

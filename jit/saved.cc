@@ -1,0 +1,53 @@
+// saved_for_backward (jit/stats.h): which forward buffers the scheduled backward reads.
+#include <unordered_set>
+
+#include "core/autograd.h"
+#include "jit/collect.h"
+#include "jit/schedule.h"
+#include "jit/stats.h"
+
+namespace kiln::jit {
+
+namespace {
+// A parameter, or autocast's copy of one (a Cast whose input is a parameter).
+bool is_weight(const Node& n) {
+  if (n.grad_leaf) return true;
+  return n.op == Op::Cast && !n.inputs.empty() && n.inputs[0]->grad_leaf;
+}
+}  // namespace
+
+SavedForBackward saved_for_backward(const Tensor& loss, const std::vector<Tensor>& params) {
+  std::vector<Tensor> grads = grad(loss, params, {}, /*retain_graph=*/true);
+  std::vector<NodePtr> targets;
+  for (const Tensor& g : grads)
+    if (!g.is_realized()) targets.push_back(g.node());
+  SavedForBackward out;
+  if (targets.empty()) return out;
+  PendingGraph graph = collect_pending(targets);
+  Schedule schedule = jit::schedule(graph);
+  // Nodes are numbered in recording order: the backward's come after the loss.
+  const uint64_t turn = loss.node()->id;
+  std::unordered_set<const Node*> saved, seen;
+  std::vector<const Node*> stack;
+  for (const NodePtr& node : graph.nodes) {
+    if (node->id <= turn) continue;
+    for (const NodePtr& in : node->inputs) stack.push_back(in.get());
+    while (!stack.empty()) {
+      const Node* n = stack.back();
+      stack.pop_back();
+      if (n->id > turn || !seen.insert(n).second) continue;
+      if (n->realized() || schedule.materialized[static_cast<size_t>(n->visit_index)]) {
+        saved.insert(n);
+        continue;
+      }
+      for (const NodePtr& in : n->inputs) stack.push_back(in.get());  // fused: read what it reads
+    }
+  }
+  for (const Node* n : saved) {
+    if (op_kind(n->op) == OpKind::Leaf && !n->realized()) continue;  // constants and generators
+    (is_weight(*n) ? out.weights : out.activations) += static_cast<int64_t>(n->nbytes());
+  }
+  return out;
+}
+
+}  // namespace kiln::jit

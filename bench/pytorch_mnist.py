@@ -3,6 +3,7 @@
 #   python3 bench/pytorch_mnist.py                 # MLP 784-512-512-10, 1 epoch, 2 threads
 #   python3 bench/pytorch_mnist.py --model cnn     # conv 32, pool, conv 64, pool, fc 128, fc 10
 #   python3 bench/mnist_vs_pytorch.py              # both frameworks side by side (peak RSS too)
+#   python3 bench/pytorch_mnist.py --amp bf16      # torch.autocast("cpu", torch.bfloat16) forward
 #
 # Recipe (train_mnist's default): inputs normalized with the training set's mean and std
 # (0.2860, 0.3530), SGD momentum 0.9, lr 0.05 annealed to 0 by CosineAnnealingLR stepped per
@@ -33,7 +34,42 @@ def parse_args():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--data", default=os.environ.get("KILN_DATA_DIR", "/usr/share/datasets/fashion-mnist"))
+    p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
+                   help="torch.autocast on the CPU for the forward and the loss (fp16 adds a GradScaler)")
     return p.parse_args()
+
+
+def saved_bytes(model, x, y, amp_dtype):
+    """Bytes autograd saves for the backward of one step (saved_tensors_hooks), each storage once:
+    (activations, weights), weights being parameters and autocast's copies of them (tensors made
+    from a parameter by casts and views only)."""
+    copies = {"ToCopyBackward0", "TBackward0", "PermuteBackward0", "ExpandBackward0", "ViewBackward0"}
+
+    def from_parameter(t):
+        if t.is_leaf:
+            return t.requires_grad
+        fn = t.grad_fn
+        while fn is not None and type(fn).__name__ in copies:
+            nexts = [f for f, _ in fn.next_functions if f is not None]
+            if len(nexts) != 1:
+                return False
+            fn = nexts[0]
+        return fn is not None and type(fn).__name__ == "AccumulateGrad"
+
+    seen, totals = set(), {"activations": 0, "weights": 0}
+
+    def pack(t):
+        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        if key not in seen:
+            seen.add(key)
+            totals["weights" if from_parameter(t) else "activations"] += key[1]
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=amp_dtype, enabled=amp_dtype is not None):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+    del loss
+    return totals["activations"], totals["weights"]
 
 
 def read_idx(path, offset):
@@ -80,6 +116,14 @@ def main():
         total_steps = min(total_steps, args.max_steps)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(total_steps, 1))
     generator = torch.Generator().manual_seed(args.seed)
+    amp_dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
+    scaler = torch.amp.GradScaler("cpu", enabled=args.amp == "fp16")
+    if amp_dtype is not None:
+        x0, y0 = X[:args.batch].clone(), Y[:args.batch].clone()  # storages of their own: the hooks count storages
+        low, low_w = saved_bytes(model, x0, y0, amp_dtype)
+        wide, wide_w = saved_bytes(model, x0, y0, None)
+        print(f"saved for the backward: activations {low / 1024:.1f} KiB (float32: {wide / 1024:.1f} KiB, "
+              f"{low / wide:.2f}x), weights {low_w / 1024:.1f} KiB (float32: {wide_w / 1024:.1f} KiB)")
 
     train_seconds, examples, global_step = 0.0, 0, 0
     for epoch in range(1, args.epochs + 1):
@@ -92,11 +136,13 @@ def main():
         for step in range(min(steps_per_epoch, total_steps - global_step)):
             idx = perm[step * args.batch:(step + 1) * args.batch]
             x, y = X[idx], Y[idx]
-            logits = model(x)
-            loss = torch.nn.functional.cross_entropy(logits, y)
+            with torch.autocast("cpu", dtype=amp_dtype, enabled=amp_dtype is not None):
+                logits = model(x)
+                loss = torch.nn.functional.cross_entropy(logits, y)
             opt.zero_grad()
-            loss.backward()
-            opt.step()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
             schedule.step()
             loss.item()
             correct_total += (logits.argmax(1) == y).sum().item()

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <kiln/kiln.h>
 
+#include <optional>
 #include <thread>
 
 #include "backends/cuda/cuda_runtime.h"
@@ -141,12 +142,17 @@ namespace {
 
 struct TinyMlp {
   Tensor w1, b1, w2, b2;
-  explicit TinyMlp(uint64_t seed, Device device = Device::cpu()) {
+  // On `device`, or where new tensors go (KILN_USE_CUDA) when none is given.
+  explicit TinyMlp(uint64_t seed, std::optional<Device> device = std::nullopt) {
     manual_seed(seed);
-    w1 = (randn({32, 48}) * 0.2).to(device).realize().requires_grad_();
-    b1 = (randn({32}) * 0.1).to(device).realize().requires_grad_();
-    w2 = (randn({10, 32}) * 0.2).to(device).realize().requires_grad_();
-    b2 = zeros({10}).to(device).realize().requires_grad_();
+    auto place = [&](const Tensor& t) {
+      Tensor placed = device ? t.to(*device) : t;
+      return placed.realize().requires_grad_();
+    };
+    w1 = place(randn({32, 48}) * 0.2);
+    b1 = place(randn({32}) * 0.1);
+    w2 = place(randn({10, 32}) * 0.2);
+    b2 = place(zeros({10}));
   }
   std::vector<Tensor> params() const { return {w1, b1, w2, b2}; }
   Tensor forward(const Tensor& x) const { return linear(relu(linear(x, w1, b1)), w2, b2); }
@@ -266,13 +272,13 @@ TEST_CASE("autocast on a CUDA device: bfloat16 and float16 steps track the CPU's
   Tensor y = (rand({16}) * 10.0).cast(DType::Int64).realize();
   for (DType low : {DType::BFloat16, DType::Float16}) {
     CAPTURE(dtype_name(low));
-    TinyMlp cpu_net(6), gpu_net(6, Device::cuda(0));
+    TinyMlp cpu_net(6, Device::cpu()), gpu_net(6, Device::cuda(0));
     optim::SGD opt_c(cpu_net.params(), optim::SGDOptions(0.2).momentum(0.9));
     optim::SGD opt_g(gpu_net.params(), optim::SGDOptions(0.2).momentum(0.9));
-    Tensor xg = x.to(Device::cuda(0)), yg = y.to(Device::cuda(0));
+    Tensor xg = x.to(Device::cuda(0)), yg = y.to(Device::cuda(0)), xc = x.to(Device::cpu()), yc = y.to(Device::cpu());
     AutocastGuard amp(low);
     for (int step = 0; step < 3; ++step) {
-      Tensor lc = cross_entropy(cpu_net.forward(x), y), lg = cross_entropy(gpu_net.forward(xg), yg);
+      Tensor lc = cross_entropy(cpu_net.forward(xc), yc), lg = cross_entropy(gpu_net.forward(xg), yg);
       opt_c.step(lc);
       opt_g.step(lg);
       CHECK(lg.item() == Approx(lc.item()).epsilon(0.02));

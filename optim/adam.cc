@@ -57,10 +57,10 @@ void Adam::update(size_t group, Tensor& param, const Tensor& grad, ParamState& s
   }
   Tensor& m = state.tensors.at("exp_avg");     // shaped like param
   Tensor& v = state.tensors.at("exp_avg_sq");  // shaped like param
-  m.assign(m * o.beta1() + g * (1.0 - o.beta1()));
-  v.assign(v * o.beta2() + g * g * (1.0 - o.beta2()));
+  assign(m, m * o.beta1() + g * (1.0 - o.beta1()));
+  assign(v, v * o.beta2() + g * g * (1.0 - o.beta2()));
   Tensor denom = sqrt(v) * (1.0 / std::sqrt(bias_correction2)) + o.eps();
-  param.assign(p - m * (o.lr() / bias_correction1) / denom);
+  assign(param, p - m * (o.lr() / bias_correction1) / denom);
 }
 
 }  // namespace kiln::optim

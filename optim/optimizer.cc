@@ -1,6 +1,7 @@
 // The optimizer base: gradients in, one sync of every update out. See optimizer.h.
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <set>
 
@@ -35,30 +36,49 @@ void Optimizer::resize_state() {
 void Optimizer::step_outputs(std::vector<Tensor> outputs) {
   std::vector<Tensor> grads;
   for (const Tensor& p : parameters()) grads.push_back(p.grad());
-  apply(std::move(grads), std::move(outputs));
+  apply(std::move(grads), std::move(outputs), {});
 }
 
 void Optimizer::step_loss(const Tensor& loss, std::vector<Tensor> outputs) {
+  std::vector<Tensor> grads = gradients(loss);
+  std::vector<Tensor> extra{loss};
+  extra.insert(extra.end(), outputs.begin(), outputs.end());
+  apply(std::move(grads), std::move(extra), {});
+}
+
+std::vector<Tensor> Optimizer::gradients(const Tensor& loss) const {
   KILN_CHECK(loss.defined() && loss.numel() == 1, "optim::step", "the loss must be a single value, got {}",
              loss.defined() ? loss.str() : std::string("an undefined tensor"));
   std::vector<Tensor> params = parameters();
   std::vector<Tensor> trainable;
   for (const Tensor& p : params)
     if (p.requires_grad()) trainable.push_back(p);
+  std::vector<Tensor> found = grad(loss, trainable);
   std::vector<Tensor> grads;
-  {
-    std::vector<Tensor> found = grad(loss, trainable);
-    size_t next = 0;
-    for (const Tensor& p : params) grads.push_back(p.requires_grad() ? std::move(found[next++]) : Tensor());
+  size_t next = 0;
+  for (const Tensor& p : params) grads.push_back(p.requires_grad() ? std::move(found[next++]) : Tensor());
+  return grads;
+}
+
+void Optimizer::apply_gradients(std::vector<Tensor> grads, std::vector<Tensor> outputs, const Tensor& skip) {
+  std::vector<Tensor> params = parameters();
+  KILN_CHECK(grads.size() == params.size(), "optim::apply_gradients", "got {} gradients for {} parameters",
+             grads.size(), params.size());
+  if (skip.defined()) {
+    KILN_CHECK(skip.numel() == 1 && skip.dtype() == DType::Bool, "optim::apply_gradients",
+               "skip must be a single Bool, got {}", skip.str());
+    for (const Tensor& p : params)
+      KILN_CHECK(p.device() == skip.device(), "optim::apply_gradients",
+                 "skip is on {} but a parameter {} is on {}; keep skip with the parameters", skip.device().str(),
+                 p.str(), p.device().str());
   }
-  std::vector<Tensor> extra{loss};
-  extra.insert(extra.end(), outputs.begin(), outputs.end());
-  apply(std::move(grads), std::move(extra));
+  apply(std::move(grads), std::move(outputs), skip);
 }
 
 // Records every update, then runs them (with `extra`, the tensors synced with every step, and
-// any gradient a user still holds through p.grad()) as one plan, in parameter order.
-void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra) {
+// any gradient a user still holds through p.grad()) as one plan, in parameter order. With
+// `skip`, each update keeps the old values where skip is true (update_unless).
+void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, const Tensor& skip) {
   resize_state();
   NoGradGuard no_grad;
   AutocastGuard no_autocast(false);  // updates run in the parameters' type
@@ -89,7 +109,8 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra) {
       const NodePtr before = p.node();
       ParamState& state = state_[g][i];
       state.step++;
-      update(g, p, grads[flat], state);
+      if (skip.defined()) update_unless(skip, g, p, grads[flat], state);
+      else update(g, p, grads[flat], state);
       outputs.push_back(p);
       for (auto& [name, t] : state.tensors) outputs.push_back(t);
       // Autocast's low-precision copy of the new value, written by the update's own kernel.
@@ -109,6 +130,35 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra) {
   for (const Tensor& t : extra)
     if (t.defined()) outputs.push_back(t);
   if (!outputs.empty()) sync(outputs);
+}
+
+void Optimizer::assign(Tensor& target, const Tensor& value) {
+  if (!skip_.defined()) return target.assign(value);
+  target.assign(where(skip_, target, value));
+  assigned_.push_back(target.node());
+}
+
+// update() with skip_ set, so that each assign() keeps the old value where `skip` is true. An
+// update that called Tensor::assign itself could not be skipped: that is an Error, not a step
+// silently taken with an inf in it.
+void Optimizer::update_unless(const Tensor& skip, size_t group, Tensor& param, const Tensor& grad, ParamState& state) {
+  std::vector<std::pair<const Tensor*, NodePtr>> before{{&param, param.node()}};
+  for (const auto& [name, t] : state.tensors) before.push_back({&t, t.node()});
+  skip_ = skip;
+  try {
+    update(group, param, grad, state);
+  } catch (...) {
+    skip_ = Tensor();
+    assigned_.clear();
+    throw;
+  }
+  skip_ = Tensor();
+  for (const auto& [t, old] : before)
+    KILN_CHECK(t->node() == old || std::find(assigned_.begin(), assigned_.end(), t->node()) != assigned_.end(),
+               "optim::apply_gradients",
+               "{}::update assigned {} with Tensor::assign, which a skipped step (GradScaler) cannot undo; record "
+               "updates with Optimizer::assign(target, value)", type_name(), t->str());
+  assigned_.clear();  // node references only, but none should outlive the recording
 }
 
 std::map<std::string, Tensor> Optimizer::state() const {

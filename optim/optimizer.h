@@ -67,6 +67,17 @@ class Optimizer {
     step_loss(loss, to_tensors(std::forward<R>(outputs)));
   }
 
+  // The two halves of step(loss), for code that changes the gradients in between (GradScaler,
+  // optim/grad_scaler.h). gradients(loss) is d(loss)/d(p) for each of parameters(), undefined
+  // where p does not require grad (kiln::grad; p.grad() is neither read nor written).
+  // apply_gradients updates parameter i from grads[i] (undefined: left alone) and realizes
+  // `outputs` in the same plan, as step() does. With `skip` (a Bool scalar on the parameters'
+  // device), every value the update assigns becomes where(skip, old, new): when skip is true the
+  // parameters and their state (momentum, Adam moments) keep their values bit for bit, decided on
+  // the device without a host read. Host-side counters (ParamState::step) advance either way.
+  std::vector<Tensor> gradients(const Tensor& loss) const;
+  void apply_gradients(std::vector<Tensor> grads, std::vector<Tensor> outputs, const Tensor& skip = {});
+
   // The learning rate: set_lr sets every group's; lr() reads group 0's.
   void set_lr(double lr);
   double lr() const { return group_lr(0); }
@@ -99,9 +110,14 @@ class Optimizer {
 
  protected:
   // Records the update of parameter `index` of `group` from gradient `grad` (under NoGradGuard):
-  // p.assign(...) and, for state, state.tensors[name].assign(...). `state.step` has already been
-  // incremented. State tensors are created by init_state before the first update.
+  // assign(param, ...) and, for state, assign(state.tensors[name], ...). `state.step` has already
+  // been incremented. State tensors are created by init_state before the first update.
   virtual void update(size_t group, Tensor& param, const Tensor& grad, ParamState& state) = 0;
+  // What update() records each new value with: target.assign(value), or, in a step that may be
+  // skipped on the device (apply_gradients with skip), target.assign(where(skip, target, value)),
+  // so what update() reads back afterwards is the selected value. Calling Tensor::assign directly
+  // in update() works for plain steps; a skippable step then throws kiln::Error.
+  void assign(Tensor& target, const Tensor& value);
   // Names of the state tensors each parameter gets (created as realized zeros like the parameter).
   virtual std::vector<std::string> state_names(size_t group) const = 0;
   // Grows the state table to match the groups (called before it is used).
@@ -115,9 +131,12 @@ class Optimizer {
   }
   void step_outputs(std::vector<Tensor> outputs);
   void step_loss(const Tensor& loss, std::vector<Tensor> outputs);
-  void apply(std::vector<Tensor> grads, std::vector<Tensor> extra);
+  void apply(std::vector<Tensor> grads, std::vector<Tensor> extra, const Tensor& skip);
+  void update_unless(const Tensor& skip, size_t group, Tensor& param, const Tensor& grad, ParamState& state);
   std::vector<std::vector<ParamState>> state_;  // [group][index]
   std::vector<Tensor> synced_with_step_;
+  Tensor skip_;                     // set only while update_unless records an update
+  std::vector<NodePtr> assigned_;   // the values assign() recorded under skip_
 };
 
 // The value of `name` in `h`, or kiln::Error naming the optimizer and the key.

@@ -36,21 +36,35 @@ size_t parse_count(const std::string& text, const std::string& key, const std::s
   return value;
 }
 
-}  // namespace
+// A GradScaler's entries in an optimizer file: "scaler.scale", "scaler.growth_tracker".
+const std::string kScalerPrefix = "scaler.";
 
-void save(const Optimizer& optimizer, const std::string& path) {
+// Writes the optimizer's state and hyperparameters, and `extra` tensors (the scaler's).
+void save_with(const Optimizer& optimizer, nn::TensorMap extra, const std::string& path) {
   nn::Metadata meta{{"optimizer", optimizer.type_name()},
                     {"param_groups", std::to_string(optimizer.group_count())}};
   for (size_t g = 0; g < optimizer.group_count(); ++g) {
     meta[group_key(g, "params")] = std::to_string(optimizer.group_params(g).size());
     for (const auto& [name, value] : optimizer.hyperparameters(g)) meta[group_key(g, name)] = fmt::format("{}", value);
   }
-  nn::save_tensors(optimizer.state(), path, meta);
+  nn::TensorMap tensors = optimizer.state();
+  tensors.merge(extra);
+  nn::save_tensors(tensors, path, meta);
 }
 
-void load(Optimizer& optimizer, const std::string& path) {
+// Loads the optimizer and, when `scaler` is given, the scaler: all-or-nothing for both.
+void load_with(Optimizer& optimizer, GradScaler* scaler, const std::string& path) {
   nn::Metadata meta;
   nn::TensorMap tensors = nn::load_tensors(path, &meta);  // throws for a bad file
+  std::map<std::string, Tensor> scaler_state;
+  for (auto it = tensors.begin(); it != tensors.end();) {
+    if (it->first.starts_with(kScalerPrefix)) {
+      scaler_state[it->first.substr(kScalerPrefix.size())] = it->second;
+      it = tensors.erase(it);
+    } else {
+      ++it;
+    }
+  }
 
   // The file must describe an optimizer like this one.
   const std::string& type = required(meta, "optimizer", path);
@@ -89,6 +103,7 @@ void load(Optimizer& optimizer, const std::string& path) {
   // Hyperparameters and state are each replaced all-or-nothing; undo the first if the second fails.
   std::vector<Hyperparameters> previous;
   for (size_t g = 0; g < groups; ++g) previous.push_back(optimizer.hyperparameters(g));
+  const std::map<std::string, Tensor> previous_state = scaler ? optimizer.state() : std::map<std::string, Tensor>{};
   optimizer.set_hyperparameters(hyperparameters);
   try {
     optimizer.load_state(tensors);
@@ -96,6 +111,27 @@ void load(Optimizer& optimizer, const std::string& path) {
     optimizer.set_hyperparameters(previous);
     throw;
   }
+  if (scaler == nullptr) return;
+  try {
+    scaler->load_state(scaler_state);  // all-or-nothing itself
+  } catch (...) {
+    optimizer.set_hyperparameters(previous);
+    optimizer.load_state(previous_state);
+    throw;
+  }
 }
+
+}  // namespace
+
+void save(const Optimizer& optimizer, const std::string& path) { save_with(optimizer, {}, path); }
+
+void save(const Optimizer& optimizer, const GradScaler& scaler, const std::string& path) {
+  nn::TensorMap extra;
+  for (const auto& [key, value] : scaler.state()) extra[kScalerPrefix + key] = value;
+  save_with(optimizer, std::move(extra), path);
+}
+
+void load(Optimizer& optimizer, const std::string& path) { load_with(optimizer, nullptr, path); }
+void load(Optimizer& optimizer, GradScaler& scaler, const std::string& path) { load_with(optimizer, &scaler, path); }
 
 }  // namespace kiln::optim

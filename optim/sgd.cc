@@ -59,10 +59,10 @@ void SGD::update(size_t group, Tensor& param, const Tensor& grad, ParamState& st
     // graph as every later step, with different run-time scalars.
     bool first = state.step == 1;
     Tensor& buf = state.tensors.at("momentum_buffer");
-    buf.assign(buf * (first ? 0.0 : o.momentum()) + g * (first ? 1.0 : 1.0 - o.dampening()));
+    assign(buf, buf * (first ? 0.0 : o.momentum()) + g * (first ? 1.0 : 1.0 - o.dampening()));
     g = o.nesterov() ? g + buf * o.momentum() : buf;
   }
-  param.assign(param - g * o.lr());
+  assign(param, param - g * o.lr());
 }
 
 }  // namespace kiln::optim

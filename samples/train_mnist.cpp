@@ -116,6 +116,8 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
   model.to(run_on);  // before the optimizer: its momentum buffers are made on the parameters' device
   std::cout << model << "\n";
   kiln::optim::SGD optimizer(model.parameters(), kiln::optim::SGDOptions(lr).momentum(0.9));
+  // float16 gradients underflow without loss scaling; bfloat16 has float32's range and needs none.
+  kiln::optim::GradScaler scaler(kiln::optim::GradScalerOptions().enabled(amp == "fp16"));
   optimizer.sync_with_step(model.buffers());  // running statistics, if a model has BatchNorm
   if (!load_path.empty()) {
     nn::load(model, load_path);
@@ -155,7 +157,8 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
       // Forward, backward, update, loss and accuracy as one cached plan. step(loss) computes
       // the gradients itself, so they live only inside the plan; PyTorch's style,
       // zero_grad(); loss.backward(); step({loss, correct}), works too but writes them to p.grad().
-      optimizer.step(loss, {correct});
+      scaler.step(optimizer, loss, {correct});  // optimizer.step(loss, {correct}) when scaling is off
+      scaler.update();
       schedule.step();
       double loss_value = loss.item();
       correct_total += static_cast<int64_t>(correct.item());

@@ -308,3 +308,25 @@ TEST_CASE("half-type chains round every op, so a fused value equals the stored o
     CHECK(got == want);
   }
 }
+
+TEST_CASE("autocast with a GradScaler: a skipped step keeps the weights and their copies in step", "[autocast][scaler][train]") {
+  Tensor x = randn({16, 48}).realize();
+  Tensor y = (rand({16}) * 10.0).cast(DType::Int64).realize();
+  TinyMlp cached(11), by_hand(11);
+  optim::SGD opt_a(cached.params(), optim::SGDOptions(0.2).momentum(0.9));
+  optim::SGD opt_b(by_hand.params(), optim::SGDOptions(0.2).momentum(0.9));
+  optim::GradScaler scaler_a, scaler_b;
+  for (int step = 0; step < 4; ++step) {
+    // Step 1's loss is inf: both skip it, and the copies must still be those of the kept weights.
+    const double poison = step == 1 ? INFINITY : 1.0;
+    {
+      AutocastGuard amp(DType::Float16);
+      scaler_a.step(opt_a, cross_entropy(cached.forward(x), y) * poison);
+      scaler_a.update();
+    }
+    scaler_b.step(opt_b, cross_entropy(by_hand.forward_by_hand(x, DType::Float16), y) * poison);
+    scaler_b.update();
+  }
+  CHECK(scaler_a.get_scale() == 32768.0);  // halved once
+  CHECK(values(cached.params()) == values(by_hand.params()));
+}

@@ -7,6 +7,7 @@
 #   python3 bench/mnist_vs_pytorch.py                     # MLP, 3 runs each, ~1 minute
 #   python3 bench/mnist_vs_pytorch.py --model cnn --runs 1
 #   python3 bench/mnist_vs_pytorch.py --kiln build-bench/samples/train_mnist --seed 1
+#   python3 bench/mnist_vs_pytorch.py --amp bf16          # + both with mixed precision (4 programs)
 #
 # What is measured:
 # - test accuracy after the epoch(s), as each program prints it;
@@ -105,6 +106,8 @@ def main():
     p.add_argument("--kiln", default=os.path.join(ROOT, "build", "samples", "train_mnist"),
                    help="the train_mnist binary (default: build/samples/train_mnist)")
     p.add_argument("--data", default="", help="folder with the Fashion-MNIST IDX files")
+    p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
+                   help="also run both with mixed precision: kiln --amp, PyTorch torch.autocast (+ GradScaler for fp16)")
     args = p.parse_args()
     if not os.access(args.kiln, os.X_OK):
         sys.exit(f"{args.kiln} not found: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build -j2")
@@ -125,16 +128,28 @@ def main():
     compile_line = re.search(r"^jit: .*$", warm, re.M)
     print(f"kiln warm-up (2 steps, fills the kernel cache): {compile_line.group(0) if compile_line else '?'}")
 
-    results = {"kiln": [], "pytorch": []}
+    programs = [("kiln", kiln_cmd), ("pytorch", torch_cmd)]
+    if args.amp != "none":
+        amp = ["--amp", args.amp]
+        programs += [(f"kiln {args.amp}", kiln_cmd + amp), (f"pytorch {args.amp}", torch_cmd + amp)]
+        warm, _ = run([args.kiln, "--max-steps", "2"] + amp + common[:2] + common[4:], env)
+    results = {name: [] for name, _ in programs}
+    saved = {}
     for i in range(args.runs):
-        for name, cmd in (("kiln", kiln_cmd), ("pytorch", torch_cmd)):
+        for name, cmd in programs:
             out, rss = run(cmd, env)
             accuracy, rate = parse(out, name)
             results[name].append((accuracy, rate, rss))
-            print(f"run {i + 1} {name:8s} test accuracy {accuracy:6.2f}%  {rate:8.0f} examples/s  peak RSS {rss:7.1f} MiB",
+            line = re.search(r"^saved for the backward: .*$", out, re.M)
+            if line:
+                saved[name] = line.group(0)
+            print(f"run {i + 1} {name:12s} test accuracy {accuracy:6.2f}%  {rate:8.0f} examples/s  peak RSS {rss:7.1f} MiB",
                   flush=True)
 
     med = {name: [statistics.median(r[k] for r in runs) for k in range(3)] for name, runs in results.items()}
+    if args.amp != "none":
+        amp_table(args, med, results, saved)
+        return
     (ka, kr, km), (pa, pr, pm) = med["kiln"], med["pytorch"]
     print(f"\nmedians of {args.runs} run(s) | kiln | PyTorch | kiln / PyTorch")
     print("---|---|---|---")
@@ -143,6 +158,30 @@ def main():
     kb, pb = (max(r[1] for r in results[name]) for name in ("kiln", "pytorch"))
     print(f"training examples/s, best run | {kb:.0f} | {pb:.0f} | {kb / pb:.2f}x")
     print(f"peak RSS | {km:.1f} MiB | {pm:.1f} MiB | {km / pm:.2f}x")
+
+
+
+def amp_table(args, med, results, saved):
+    a = args.amp
+    k, p, ka, pa = "kiln", "pytorch", f"kiln {a}", f"pytorch {a}"
+    print(f"\nmedians of {args.runs} run(s) | kiln float32 | kiln {a} | PyTorch float32 | PyTorch {a} | "
+          f"kiln {a} / kiln float32 | kiln {a} / PyTorch {a}")
+    print("---|---|---|---|---|---|---")
+    acc = {n: med[n][0] for n in med}
+    rate = {n: med[n][1] for n in med}
+    best = {n: max(r[1] for r in results[n]) for n in results}
+    rss = {n: med[n][2] for n in med}
+    print(f"test accuracy | {acc[k]:.2f}% | {acc[ka]:.2f}% | {acc[p]:.2f}% | {acc[pa]:.2f}% | "
+          f"{acc[ka] - acc[k]:+.2f} points | {acc[ka] - acc[pa]:+.2f} points")
+    print(f"training examples/s | {rate[k]:.0f} | {rate[ka]:.0f} | {rate[p]:.0f} | {rate[pa]:.0f} | "
+          f"{rate[ka] / rate[k]:.2f}x | {rate[ka] / rate[pa]:.2f}x")
+    print(f"training examples/s, best run | {best[k]:.0f} | {best[ka]:.0f} | {best[p]:.0f} | {best[pa]:.0f} | "
+          f"{best[ka] / best[k]:.2f}x | {best[ka] / best[pa]:.2f}x")
+    print(f"peak RSS MiB | {rss[k]:.1f} | {rss[ka]:.1f} | {rss[p]:.1f} | {rss[pa]:.1f} | "
+          f"{rss[ka] / rss[k]:.2f}x | {rss[ka] / rss[pa]:.2f}x")
+    for name in (ka, pa):
+        if name in saved:
+            print(f"{name}: {saved[name]}")
 
 
 if __name__ == "__main__":

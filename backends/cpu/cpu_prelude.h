@@ -11,17 +11,19 @@ typedef uint16_t kiln_half;
 typedef uint16_t kiln_bf16;
 static inline float kiln_h2f(uint16_t h) { _Float16 f; __builtin_memcpy(&f, &h, 2); return (float)f; }
 static inline uint16_t kiln_f2h(float x) { _Float16 f = (_Float16)x; uint16_t h; __builtin_memcpy(&h, &f, 2); return h; }
-static inline float kiln_bf2f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; __builtin_memcpy(&f, &u, 4); return f; }
-static inline uint16_t kiln_f2bf(float x) {
-  uint32_t u; __builtin_memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-static inline float kiln_round_h(float x) { return kiln_h2f(kiln_f2h(x)); }
-static inline float kiln_round_bf(float x) { return kiln_bf2f(kiln_f2bf(x)); }
 static inline float kiln_bits_f(uint32_t u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
 static inline uint32_t kiln_f_bits(float f) { uint32_t u; __builtin_memcpy(&u, &f, 4); return u; }
+static inline float kiln_bf2f(uint16_t b) { return kiln_bits_f((uint32_t)b << 16); }
+// Round to nearest even; a NaN stays a (quiet) NaN. Branch-free selects, so loops of them
+// vectorize.
+static inline uint32_t kiln_bf_bits(float x) {
+  uint32_t u = kiln_f_bits(x);
+  uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
+  return ((u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u : rounded) & 0xffff0000u;
+}
+static inline uint16_t kiln_f2bf(float x) { return (uint16_t)(kiln_bf_bits(x) >> 16); }
+static inline float kiln_round_h(float x) { return kiln_h2f(kiln_f2h(x)); }
+static inline float kiln_round_bf(float x) { return kiln_bits_f(kiln_bf_bits(x)); }
 
 // exp: 2^n * e^r with |r| <= ln2/2, degree-7 polynomial (about 1 ulp).
 static inline float kiln_expf(float x) {

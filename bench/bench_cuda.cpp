@@ -313,8 +313,10 @@ using kiln::samples::Mlp;
 constexpr int kStepsPerSample = 10;
 
 template <typename Model>
-Figure training(const Sizes& s, int reps, const char* id, const char* title) {
-  Figure f(id, fmt::format("{} train step, batch {}", title, s.batch), "ex/s", "PyTorch", 1.0);
+// `amp`: the autocast type of the forward (Float32: none), as torch.autocast on PyTorch's side.
+Figure training(const Sizes& s, int reps, const char* id, const char* title, kiln::DType amp = kiln::DType::Float32) {
+  Figure f(id, fmt::format("{} train step{}, batch {}", title, amp == kiln::DType::Float32 ? "" : " (bf16 autocast)", s.batch),
+           "ex/s", "PyTorch", 1.0);
   kiln::manual_seed(0);
   Model model;
   model.to(kGpu);
@@ -323,7 +325,11 @@ Figure training(const Sizes& s, int reps, const char* id, const char* title) {
   Tensor y = kiln::cast(kiln::floor(kiln::rand({s.batch}) * 10.0), kiln::DType::Int64).realize().to(kGpu);  // (B)
   double first = kNaN, last = kNaN;
   auto step = [&](int) {
-    Tensor loss = nn::cross_entropy(model.forward(x), y);
+    Tensor loss;
+    {
+      kiln::AutocastGuard autocast(amp);
+      loss = nn::cross_entropy(model.forward(x), y);
+    }
     opt.step(loss);
     last = loss.item();  // as train_mnist does: the host waits for every step
     if (std::isnan(first)) first = last;
@@ -453,6 +459,10 @@ int main(int argc, char** argv) {
        [&] { return training<Mlp>(sizes, reps, "train_mlp", "MLP"); }},
       {{"train_cnn", "CNN train step", "ex/s", "PyTorch", 1.0},
        [&] { return training<Cnn>(sizes, reps, "train_cnn", "CNN"); }},
+      {{"train_mlp_bf16", "MLP train step (bf16 autocast)", "ex/s", "PyTorch", 1.0},
+       [&] { return training<Mlp>(sizes, reps, "train_mlp_bf16", "MLP", kiln::DType::BFloat16); }},
+      {{"train_cnn_bf16", "CNN train step (bf16 autocast)", "ex/s", "PyTorch", 1.0},
+       [&] { return training<Cnn>(sizes, reps, "train_cnn_bf16", "CNN", kiln::DType::BFloat16); }},
   };
   std::vector<Figure> figures;
   std::string torch_line;

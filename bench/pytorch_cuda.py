@@ -145,7 +145,7 @@ def main():
                              nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                              nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
 
-    def training(title, make):
+    def training(title, make, amp=None):
         torch.manual_seed(0)
         model = make().to(dev)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -156,20 +156,24 @@ def main():
 
         def step(i):
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xb), yb)
+            with torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None):
+                loss = loss_fn(model(xb), yb)
             loss.backward()
             opt.step()
             losses.append(loss.item())  # the host waits for every step, as kiln's side does
 
         per_step = statistics.median(samples(step, STEPS_PER_SAMPLE))
-        return {"name": f"{title} train step, batch {s.batch}", "unit": "ex/s", "value": s.batch / per_step,
+        name = f"{title} train step{' (bf16 autocast)' if amp is not None else ''}, batch {s.batch}"
+        return {"name": name, "unit": "ex/s", "value": s.batch / per_step,
                 "note": f"loss {losses[0]:.4g} -> {losses[-1]:.4g}"}
 
     print(f"PyTorch {torch.__version__} on {dev.type} ({gpu}); scale {args.scale}, {args.reps} samples per figure;"
           f" TF32 off; training reads loss.item() every step", flush=True)
     plan = [("fused_chain", fused_chain), ("softmax", lambda: row_op(True)), ("layer_norm", lambda: row_op(False)),
             ("sum", full_sum), ("matmul_bf16", matmul_bf16), ("train_mlp", lambda: training("MLP", mlp)),
-            ("train_cnn", lambda: training("CNN", cnn))]
+            ("train_cnn", lambda: training("CNN", cnn)),
+            ("train_mlp_bf16", lambda: training("MLP", mlp, torch.bfloat16)),
+            ("train_cnn_bf16", lambda: training("CNN", cnn, torch.bfloat16))]
     figures = {}
     start = time.perf_counter()
     for key, measure in plan:

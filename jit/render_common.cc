@@ -38,6 +38,16 @@ std::string store_value(DType t, const std::string& v) {
   return fmt::format("({})({})", storage_type(t), v);
 }
 
+std::string round_to(DType t, const std::string& v) {
+  if (t == DType::Float16) return fmt::format("kiln_round_h({})", v);
+  if (t == DType::BFloat16) return fmt::format("kiln_round_bf({})", v);
+  return v;
+}
+
+std::string scalar_declaration(DType t, int slot) {
+  return fmt::format("const {} s{} = {};", compute_type(t), slot, round_to(t, fmt::format("({})sc[{}]", compute_type(t), slot)));
+}
+
 std::string reduce_init(DType acc, bool is_sum, const char* infinity) {
   if (is_sum) return "0";
   if (is_floating(acc)) return fmt::format("-{}", infinity);
@@ -71,14 +81,11 @@ std::string ValueRenderer::expr_text(const Expr& e, const std::string& element) 
       return load_value(t, fmt::format("{}[({}) ? {} : 0]", buf(e.buffer), guard_text(e.guards), idx(e.index)));
     }
     case Expr::Kind::Scalar: return fmt::format("s{}", e.slot);
-    case Expr::Kind::Iota: return fmt::format("({})({})", ct, idx(e.index));
+    case Expr::Kind::Iota: return round_to(e.dtype, fmt::format("({})({})", ct, idx(e.index)));
     case Expr::Kind::Rand: {
       const char* fn = e.op == Op::RandUniform ? (f64 ? "kiln_uniform_d" : "kiln_uniform_f")
                                                : (f64 ? "kiln_normal_d" : "kiln_normal_f");
-      std::string r = fmt::format("{}((uint64_t)isc[{}], (uint64_t)isc[{}], {})", fn, e.slot, e.slot + 1, idx(e.index));
-      if (e.dtype == DType::Float16) return fmt::format("kiln_round_h({})", r);
-      if (e.dtype == DType::BFloat16) return fmt::format("kiln_round_bf({})", r);
-      return r;
+      return round_to(e.dtype, fmt::format("{}((uint64_t)isc[{}], (uint64_t)isc[{}], {})", fn, e.slot, e.slot + 1, idx(e.index)));
     }
     case Expr::Kind::Select: return fmt::format("(({}) ? {} : ({})0)", guard_text(e.guards), v(e.args[0]), ct);
     case Expr::Kind::GatherLoad: {
@@ -92,8 +99,14 @@ std::string ValueRenderer::expr_text(const Expr& e, const std::string& element) 
         // Through int32: GCC 12 does not vectorize a loop that converts bool to float directly.
         std::string a = from == DType::Bool ? fmt::format("(int32_t)({})", v(e.args[0])) : v(e.args[0]);
         if (e.dtype == DType::Bool) return fmt::format("({} != 0)", a);
-        if (e.dtype == DType::Float16) return fmt::format("kiln_round_h((float)({}))", a);
-        if (e.dtype == DType::BFloat16) return fmt::format("kiln_round_bf((float)({}))", a);
+        if (e.dtype == DType::Float16 || e.dtype == DType::BFloat16) {
+          // From a half type or an integer that fits, a cast needs no rounding.
+          const bool exact = from == DType::Bool || from == DType::Int8 || from == DType::UInt8 ||
+                             (from == DType::Float16 && e.dtype == DType::Float16) ||
+                             (from == DType::BFloat16 && e.dtype == DType::BFloat16);
+          std::string f = fmt::format("(float)({})", a);
+          return exact ? f : round_to(e.dtype, f);
+        }
         // A float outside a byte type's range converts through int32 on both backends (wraps
         // like x86 C casts; a GPU's direct float -> 8-bit conversion would clamp instead).
         if ((e.dtype == DType::Int8 || e.dtype == DType::UInt8) && is_floating(from))
@@ -112,10 +125,11 @@ std::string ValueRenderer::expr_text(const Expr& e, const std::string& element) 
       std::string r = fmt::format("({})({})", ct, fmt::format(fmt::runtime(pat), a0, a1, a2));
       // Half types compute in float and round every result, as if each op stored it: a fused
       // chain then gives the bits of the unfused one, and a value recomputed in two kernels (a
-      // max and the comparison against it) is the same value in both.
-      if (e.dtype == DType::Float16) return fmt::format("kiln_round_h({})", r);
-      if (e.dtype == DType::BFloat16) return fmt::format("kiln_round_bf({})", r);
-      return r;
+      // max and the comparison against it) is the same value in both. Ops that return one of
+      // their (exact) operands, or its negation, need no rounding.
+      const bool picks_an_operand = e.op == Op::Max || e.op == Op::Min || e.op == Op::Where || e.op == Op::Neg ||
+                                    e.op == Op::Abs || e.op == Op::Sign || e.op == Op::Floor;
+      return picks_an_operand ? r : round_to(e.dtype, r);
     }
   }
   return "";

@@ -23,6 +23,11 @@ const char* compute_type(DType t);
 // A stored element as a compute value, and back.
 std::string load_value(DType t, const std::string& ref);
 std::string store_value(DType t, const std::string& v);
+// A half-type value is rounded to its type wherever it is made (each op's result, a bound scalar,
+// an iota), so it is always exactly representable: `v` rounded to `t` when t is a half type.
+std::string round_to(DType t, const std::string& v);
+// The declaration of bound scalar `slot` of type `t`: `const float s3 = ...;`.
+std::string scalar_declaration(DType t, int slot);
 
 // Per-op expression pattern; {0} {1} {2} are operands. Ops rendered by kind (leaves, cast,
 // views, reductions, indexing, library calls) have none.

@@ -22,6 +22,8 @@ static inline uint32_t kiln_bf_bits(float x) {
   return ((u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u : rounded) & 0xffff0000u;
 }
 static inline uint16_t kiln_f2bf(float x) { return (uint16_t)(kiln_bf_bits(x) >> 16); }
+// A float that is a bfloat16 value already (every bfloat16-typed value of a kernel is): its top half.
+static inline uint16_t kiln_f2bf_exact(float x) { return (uint16_t)(kiln_f_bits(x) >> 16); }
 static inline float kiln_round_h(float x) { return kiln_h2f(kiln_f2h(x)); }
 static inline float kiln_round_bf(float x) { return kiln_bits_f(kiln_bf_bits(x)); }
 

@@ -41,6 +41,12 @@ class CppKernelRenderer {
   std::string idx(const IndexExpr& e) const { return values_.idx(e); }
   void emit_values(std::string& out, const std::string& indent) const { values_.emit_values(out, indent); }
   std::string v(int id) const { return values_.v(id); }
+  // Store of value `id` into a buffer of type `t`: a bfloat16 value is exact already, so it only
+  // loses its low half (rounding it again would cost a dozen integer ops per element).
+  std::string store(DType t, int id) const {
+    if (t == DType::BFloat16 && k_.exprs[id].dtype == DType::BFloat16) return fmt::format("kiln_f2bf_exact({})", v(id));
+    return store_value(t, v(id));
+  }
   void render_column_reduce(std::string& out, const char* acc_t, const std::string& init, bool is_sum,
                             bool parallel) const;
 
@@ -93,7 +99,7 @@ std::string CppKernelRenderer::render() {
                        storage_type(k_.buffers[b].dtype), k_.buffers[b].slot);
   for (const Expr& e : k_.exprs)
     if (e.kind == Expr::Kind::Scalar)
-      out += fmt::format("  const {} s{} = ({})sc[{}];\n", compute_type(e.dtype), e.slot, compute_type(e.dtype), e.slot);
+      out += fmt::format("  {}\n", scalar_declaration(e.dtype, e.slot));
   out += "  (void)sc; (void)isc; (void)err;\n";
 
   DType out_t = k_.buffers[0].dtype;
@@ -123,10 +129,10 @@ std::string CppKernelRenderer::render() {
       out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", l1.var, l1.extent);
       emit_values(out, "    ");
     }
-    out += fmt::format("    {}[{}] = {};\n", buf(0), idx(k_.store_index), store_value(out_t, result));
+    out += fmt::format("    {}[{}] = {};\n", buf(0), idx(k_.store_index), store(out_t, k_.value));
     for (const SideStore& side : k_.side_stores)
       out += fmt::format("    {}[{}] = {};\n", buf(side.buffer), idx(k_.store_index),
-                         store_value(k_.buffers[side.buffer].dtype, v(side.value)));
+                         store(k_.buffers[side.buffer].dtype, side.value));
     out += k_.loops.size() == 1 ? "  }\n" : "  }}\n";
   } else if (k_.kind == KernelKind::Reduce) {
     bool is_sum = k_.reduce_op == Op::ReduceSum;

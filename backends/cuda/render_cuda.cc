@@ -118,7 +118,7 @@ std::string CudaKernelRenderer::signature(const std::string& function) const {
   s += fmt::format("{}) {{\n", kTrailingParameters);
   for (const Expr& e : k_.exprs)
     if (e.kind == Expr::Kind::Scalar)
-      s += fmt::format("  const {} s{} = ({})sc[{}];\n", compute_type(e.dtype), e.slot, compute_type(e.dtype), e.slot);
+      s += fmt::format("  {}\n", scalar_declaration(e.dtype, e.slot));
   return s;
 }
 
@@ -559,7 +559,7 @@ void render_row_group(const std::vector<Kernel>& kernels, size_t a, size_t b, Cu
     for (const Expr& e : kernels[k].exprs)
       if (e.kind == Expr::Kind::Scalar && std::find(scalar_slots.begin(), scalar_slots.end(), e.slot) == scalar_slots.end()) {
         scalar_slots.push_back(e.slot);
-        scalars += fmt::format("  const {0} s{1} = ({0})sc[{1}];\n", compute_type(e.dtype), e.slot);
+        scalars += fmt::format("  {}\n", scalar_declaration(e.dtype, e.slot));
       }
     if (kernels[k].kind == KernelKind::Reduce)
       scratch += fmt::format("  __shared__ {} scratch{}[32];\n", compute_type(kernels[k].buffers[0].dtype), k - a);

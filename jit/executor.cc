@@ -244,6 +244,13 @@ Program lower_for(const std::vector<NodePtr>& targets) {
   return lower(graph, schedule(graph));
 }
 
+ScheduledGraph schedule_for(const std::vector<NodePtr>& targets) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  ScheduledGraph out{collect_pending(targets), {}};
+  out.schedule = schedule(out.graph);
+  return out;
+}
+
 memory::PlanLayout last_plan_memory() {
   auto layout = memory::last_plan();
   return layout ? *layout : memory::PlanLayout{};

@@ -1,9 +1,9 @@
 // saved_for_backward (jit/stats.h): which forward buffers the scheduled backward reads.
+#include <unordered_map>
 #include <unordered_set>
 
 #include "core/autograd.h"
-#include "jit/collect.h"
-#include "jit/schedule.h"
+#include "jit/executor.h"
 #include "jit/stats.h"
 
 namespace kiln::jit {
@@ -23,8 +23,10 @@ SavedForBackward saved_for_backward(const Tensor& loss, const std::vector<Tensor
     if (!g.is_realized()) targets.push_back(g.node());
   SavedForBackward out;
   if (targets.empty()) return out;
-  PendingGraph graph = collect_pending(targets);
-  Schedule schedule = jit::schedule(graph);
+  const ScheduledGraph scheduled = schedule_for(targets);
+  const PendingGraph& graph = scheduled.graph;
+  std::unordered_map<const Node*, size_t> position;  // (not visit_index: another walk may reuse it)
+  for (size_t i = 0; i < graph.nodes.size(); ++i) position[graph.nodes[i].get()] = i;
   // Nodes are numbered in recording order: the backward's come after the loss.
   const uint64_t turn = loss.node()->id;
   std::unordered_set<const Node*> saved, seen;
@@ -36,7 +38,7 @@ SavedForBackward saved_for_backward(const Tensor& loss, const std::vector<Tensor
       const Node* n = stack.back();
       stack.pop_back();
       if (n->id > turn || !seen.insert(n).second) continue;
-      if (n->realized() || schedule.materialized[static_cast<size_t>(n->visit_index)]) {
+      if (n->realized() || scheduled.schedule.materialized[position.at(n)]) {
         saved.insert(n);
         continue;
       }

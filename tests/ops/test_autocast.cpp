@@ -330,3 +330,20 @@ TEST_CASE("autocast with a GradScaler: a skipped step keeps the weights and thei
   CHECK(scaler_a.get_scale() == 32768.0);  // halved once
   CHECK(values(cached.params()) == values(by_hand.params()));
 }
+
+TEST_CASE("saved_for_backward: what a step keeps for its backward halves under bfloat16", "[autocast][planner]") {
+  TinyMlp net(2);
+  Tensor x = randn({256, 48}).realize();
+  Tensor y = (rand({256}) * 10.0).cast(DType::Int64).realize();
+  jit::SavedForBackward wide = jit::saved_for_backward(cross_entropy(net.forward(x), y), net.params());
+  // The input (256 x 48) and the hidden activation (256 x 32), float32, and the second weight
+  // (the gradient of the hidden activation reads it; nothing needs the input's gradient).
+  CHECK(wide.activations >= (256 * 48 + 256 * 32) * 4);
+  CHECK(wide.weights == 10 * 32 * 4);
+  AutocastGuard amp(DType::BFloat16);
+  jit::SavedForBackward low = jit::saved_for_backward(cross_entropy(net.forward(x), y), net.params());
+  CHECK(low.activations <= wide.activations * 0.55);
+  CHECK(low.weights == 10 * 32 * 2);  // its bf16 copy
+  // Nothing ran: the parameters are still the realized leaves they were.
+  for (const Tensor& p : net.params()) CHECK(p.is_realized());
+}

@@ -88,9 +88,11 @@ struct Var {
   std::shared_ptr<Var> grad;  // accumulated gradient (a lazy node until realized)
   bool requires_grad = false;
   // Autocast's copy of this variable's value in a low-precision type (ops/autocast.h): current
-  // while low_copy_of is `node`. Not a handle: it keeps no pending value from being computed.
+  // while low_copy_of is `node`; low_copy_used says a forward read it since the optimizer last
+  // refreshed it. Not a handle (held is not counted): the executor keeps no pending copy.
   NodePtr low_copy;
   std::weak_ptr<Node> low_copy_of;
+  bool low_copy_used = false;
 
   explicit Var(NodePtr n) { set(std::move(n)); }
   ~Var() {

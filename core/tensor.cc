@@ -152,6 +152,7 @@ Tensor& Tensor::to_(Device device) {
   Tensor moved = kiln::to_device(*this, device);
   Tensor g = grad();
   var_->set(node_for_variable(*moved.node(), var_));  // another device: nothing to update in place
+  var_->low_copy.reset();                              // autocast's copy stays behind otherwise
   if (g.defined()) set_grad(kiln::to_device(g, device));
   return *this;
 }

@@ -115,8 +115,12 @@ PendingGraph collect_pending(const std::vector<NodePtr>& targets) {
   // parameter is overwritten in place. And updates in reverse: parameters come in layer order,
   // so the last layer's update goes first and each layer's weight gradient is computed right
   // after the backward reaches it, instead of every layer's delta waiting for the first layer.
+  // (A cast of an update, autocast's copy of a new weight, goes with its update.)
+  auto is_update = [](const NodePtr& t) {
+    return !t->replaces.expired() || (t->op == Op::Cast && !t->inputs.empty() && !t->inputs[0]->replaces.expired());
+  };
   std::vector<NodePtr> ordered = targets;
-  auto updates = std::stable_partition(ordered.begin(), ordered.end(), [](const NodePtr& t) { return t->replaces.expired(); });
+  auto updates = std::stable_partition(ordered.begin(), ordered.end(), [&](const NodePtr& t) { return !is_update(t); });
   std::reverse(updates, ordered.end());
   for (const NodePtr& t : ordered) {
     if (t->realized() || seen(t.get())) continue;

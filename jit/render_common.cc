@@ -45,7 +45,27 @@ std::string round_to(DType t, const std::string& v) {
 }
 
 std::string scalar_declaration(DType t, int slot) {
-  return fmt::format("const {} s{} = {};", compute_type(t), slot, round_to(t, fmt::format("({})sc[{}]", compute_type(t), slot)));
+  return fmt::format("const {0} s{1} = ({0})sc[{1}];", compute_type(t), slot);
+}
+
+namespace {
+// Ops whose result is one of their operands, or its negation: exact when their operands are.
+bool picks_an_operand(Op op) {
+  return op == Op::Max || op == Op::Min || op == Op::Where || op == Op::Neg || op == Op::Abs || op == Op::Sign ||
+         op == Op::Floor;
+}
+}  // namespace
+
+std::vector<bool> exact_values(const Kernel& k) {
+  std::vector<bool> exact(k.exprs.size(), true);
+  for (size_t i = 0; i < k.exprs.size(); ++i) {
+    const Expr& e = k.exprs[i];
+    const bool half = e.dtype == DType::Float16 || e.dtype == DType::BFloat16;
+    if (e.kind == Expr::Kind::Scalar) exact[i] = !half;
+    if (e.kind == Expr::Kind::Select) exact[i] = exact[static_cast<size_t>(e.args[0])];
+    // Every other op's result is rounded when an operand may not be exact (expr_text).
+  }
+  return exact;
 }
 
 std::string reduce_init(DType acc, bool is_sum, const char* infinity) {
@@ -119,17 +139,19 @@ std::string ValueRenderer::expr_text(const Expr& e, const std::string& element) 
       const OpPattern& p = patterns_[static_cast<int>(e.op)];
       KILN_CHECK(p.f32 != nullptr, "jit", "op {} has no rendering", op_name(e.op));
       const char* pat = operand == DType::Float64 && p.f64 ? p.f64 : p.f32;
-      std::string a0 = v(e.args[0]);
-      std::string a1 = e.args.size() > 1 ? v(e.args[1]) : "";
-      std::string a2 = e.args.size() > 2 ? v(e.args[2]) : "";
-      std::string r = fmt::format("({})({})", ct, fmt::format(fmt::runtime(pat), a0, a1, a2));
       // Half types compute in float and round every result, as if each op stored it: a fused
       // chain then gives the bits of the unfused one, and a value recomputed in two kernels (a
-      // max and the comparison against it) is the same value in both. Ops that return one of
-      // their (exact) operands, or its negation, need no rounding.
-      const bool picks_an_operand = e.op == Op::Max || e.op == Op::Min || e.op == Op::Where || e.op == Op::Neg ||
-                                    e.op == Op::Abs || e.op == Op::Sign || e.op == Op::Floor;
-      return picks_an_operand ? r : round_to(e.dtype, r);
+      // max and the comparison against it) is the same value in both. An op that returns one of
+      // its operands (or its negation) rounds its operands instead, where they are scalars
+      // (loop-invariant: the compiler hoists that), and its result needs nothing more.
+      const bool picks = picks_an_operand(e.op);
+      auto arg = [&](size_t i) {
+        if (i >= e.args.size()) return std::string();
+        const int a = e.args[i];
+        return picks && !exact_[static_cast<size_t>(a)] ? round_to(k_.exprs[a].dtype, v(a)) : v(a);
+      };
+      std::string r = fmt::format("({})({})", ct, fmt::format(fmt::runtime(pat), arg(0), arg(1), arg(2)));
+      return picks ? r : round_to(e.dtype, r);
     }
   }
   return "";

@@ -23,9 +23,13 @@ const char* compute_type(DType t);
 // A stored element as a compute value, and back.
 std::string load_value(DType t, const std::string& ref);
 std::string store_value(DType t, const std::string& v);
-// A half-type value is rounded to its type wherever it is made (each op's result, a bound scalar,
-// an iota), so it is always exactly representable: `v` rounded to `t` when t is a half type.
+// `v` rounded to `t` when t is a half type. Half-type values are rounded wherever they are made
+// (each op's result, an iota, a random number), so that all but bound scalars, which keep float
+// precision as PyTorch's numbers do, are exactly representable in their type.
 std::string round_to(DType t, const std::string& v);
+// Per value of `k`: exactly representable in its type (everything but a bound scalar of a half
+// type, and what passes one on unrounded).
+std::vector<bool> exact_values(const Kernel& k);
 // The declaration of bound scalar `slot` of type `t`: `const float s3 = ...;`.
 std::string scalar_declaration(DType t, int slot);
 
@@ -88,7 +92,8 @@ std::string reduce_init(DType acc, bool is_sum, const char* infinity);
 // Text of one kernel's buffers, indices and SSA values (`v<id>`), given a backend's op table.
 class ValueRenderer {
  public:
-  ValueRenderer(const Kernel& k, const OpPatterns& patterns) : k_(k), patterns_(patterns) {}
+  ValueRenderer(const Kernel& k, const OpPatterns& patterns) : k_(k), patterns_(patterns), exact_(exact_values(k)) {}
+  bool exact(int id) const { return exact_[static_cast<size_t>(id)]; }
   std::string buf(int b) const;                    // "b<slot>"
   std::string idx(const IndexExpr& e) const { return k_.ctx.render(e); }
   std::string v(int id) const;                     // "v<id>"
@@ -102,6 +107,7 @@ class ValueRenderer {
  private:
   const Kernel& k_;
   const OpPatterns& patterns_;
+  std::vector<bool> exact_;
 };
 
 }  // namespace kiln::jit

@@ -18,7 +18,10 @@ bool is_weight(const Node& n) {
 
 SavedForBackward saved_for_backward(const Tensor& loss, const std::vector<Tensor>& params) {
   std::vector<Tensor> grads = grad(loss, params, {}, /*retain_graph=*/true);
+  // The loss too, as a training step realizes it with the gradients: what the forward shares with
+  // the backward is decided on the whole step.
   std::vector<NodePtr> targets;
+  if (!loss.is_realized()) targets.push_back(loss.node());
   for (const Tensor& g : grads)
     if (!g.is_realized()) targets.push_back(g.node());
   SavedForBackward out;
@@ -45,8 +48,10 @@ SavedForBackward saved_for_backward(const Tensor& loss, const std::vector<Tensor
       for (const NodePtr& in : n->inputs) stack.push_back(in.get());  // fused: read what it reads
     }
   }
+  std::unordered_set<const Storage*> counted;  // nodes that share one buffer (a tied weight's copy)
   for (const Node* n : saved) {
     if (op_kind(n->op) == OpKind::Leaf && !n->realized()) continue;  // constants and generators
+    if (n->realized() && !counted.insert(n->storage.get()).second) continue;
     (is_weight(*n) ? out.weights : out.activations) += static_cast<int64_t>(n->nbytes());
   }
   return out;

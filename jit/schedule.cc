@@ -29,7 +29,36 @@ Schedule schedule(const PendingGraph& graph) {
   }
   materialized.assign(n, false);
   for (int o : graph.outputs) materialized[o] = true;
+  // A gather's source is read from memory: known before the costs below, so that what is
+  // computed from it is not priced as if the source were recomputed everywhere.
+  for (size_t i = 0; i < n; ++i)
+    if (graph.nodes[i]->op == Op::Gather) {
+      auto it = position.find(graph.nodes[i]->inputs[0].get());
+      if (it != position.end()) materialized[it->second] = true;
+    }
   std::vector<int> cost(n, 0);
+  // From elementwise node i down the one input that carries its cost, through nodes read only
+  // there: the first node of a narrower dtype that is itself too expensive to duplicate, or -1.
+  auto narrower_source = [&](size_t i) {
+    const size_t width = dtype_size(graph.nodes[i]->dtype);
+    int at = static_cast<int>(i);
+    for (int depth = 0; depth < 4; ++depth) {
+      const Node* node = graph.nodes[static_cast<size_t>(at)].get();
+      if (!is_elementwise(node->op)) return -1;
+      int next = -1;
+      for (const NodePtr& in : node->inputs) {
+        auto it = position.find(in.get());
+        if (it == position.end() || materialized[it->second] || cost[it->second] <= 1) continue;
+        if (next >= 0 && next != it->second) return -1;  // two expensive inputs
+        next = it->second;
+      }
+      if (next < 0 || consumers[next] != 1) return -1;
+      const Node* source = graph.nodes[static_cast<size_t>(next)].get();
+      if (dtype_size(source->dtype) < width && cost[next] > kMaxDuplicatedCost && is_elementwise(source->op)) return next;
+      at = next;
+    }
+    return -1;
+  };
   for (size_t i = 0; i < n; ++i) {
     const Node* node = graph.nodes[i].get();
     OpKind kind = op_kind(node->op);
@@ -42,7 +71,17 @@ Schedule schedule(const PendingGraph& graph) {
       if (it != position.end() && !materialized[it->second]) c += cost[it->second];
     }
     cost[i] = c;
-    if (consumers[i] > 1 && c > kMaxDuplicatedCost) materialized[i] = true;
+    if (consumers[i] > 1 && c > kMaxDuplicatedCost) {
+      // A shared value that is a cheap widening of a narrower expensive one (an int32 position
+      // computed from an int8 offset): store the narrow one and recompute the rest where read.
+      const int narrow = narrower_source(i);
+      if (narrow >= 0 && c - cost[narrow] <= kMaxDuplicatedCost) {
+        materialized[narrow] = true;
+        cost[i] = c - cost[narrow];
+      } else {
+        materialized[i] = true;
+      }
+    }
   }
   // Library ops and gathers read their operands from memory.
   for (size_t i = 0; i < n; ++i) {

@@ -40,7 +40,8 @@ size_t plan_cache_size();
 
 // What a training step keeps in memory for its backward, as the scheduler would plan it: the bytes
 // of forward values that the gradient kernels of `loss` (with respect to `params`) read from
-// memory. Values fused into those kernels are recomputed there and not counted. Nothing runs:
+// memory. Values fused into those kernels are recomputed there and not counted. The step is
+// scheduled as a training step runs it (the loss and the gradients in one plan); nothing runs:
 // the gradient graph is built with retain_graph and dropped.
 struct SavedForBackward {
   int64_t activations = 0;  // everything but the weights: inputs, activations, their casts

@@ -1,6 +1,7 @@
 // The autocast policy table and where ops apply it. See ops/autocast.h.
 #include "ops/autocast.h"
 
+#include <algorithm>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -60,6 +61,7 @@ Tensor low_copy(const Tensor& t, DType low) {
   const NodePtr& c = v->low_copy;
   const bool wants_grad = grad_enabled() && value->requires_grad;
   if (c && c->dtype == low && v->low_copy_of.lock() == value) {
+    v->low_copy_used = true;
     if (!c->realized() && (c->requires_grad || !wants_grad)) return Tensor(c);
     if (c->realized() && !wants_grad) return Tensor(c);
     if (c->realized()) {
@@ -79,6 +81,7 @@ Tensor low_copy(const Tensor& t, DType low) {
   Tensor copy = prim::cast(t, low);
   v->low_copy = copy.node();
   v->low_copy_of = value;
+  v->low_copy_used = true;
   return copy;
 }
 
@@ -115,8 +118,10 @@ AutocastScope::AutocastScope(std::string_view op) {
   policy_ = autocast_policy(op);
   active_ = true;
   low_ = policy_ == CastPolicy::LowPrecision ? mode : DType::Float32;
+  KILN_CHECK(std::any_of(std::begin(kRules), std::end(kRules), [&](const AutocastRule& r) { return r.op == op; }), "autocast",
+             "internal: op `{}` opens an AutocastScope but has no rule in ops/autocast.cc", op);
   if (flags().log >= 1) log_table_once();
-  off_ = std::make_unique<AutocastGuard>(false);
+  off_.emplace(false);
 }
 
 AutocastScope::~AutocastScope() = default;
@@ -130,9 +135,14 @@ Tensor AutocastScope::operator()(const Tensor& t) const {
   return t;
 }
 
-Tensor refresh_autocast_copy(const Tensor& param, const NodePtr& before) {
+Tensor refresh_autocast_copy(const Tensor& param, const Node* before) {
   const std::shared_ptr<Var>& v = TensorAccess::var(param);
-  if (!v->low_copy || v->node == before || v->low_copy_of.lock() != before) return {};
+  if (!v->low_copy || v->node.get() == before || v->low_copy_of.lock().get() != before) return {};
+  if (!v->low_copy_used) {
+    v->low_copy.reset();
+    return {};
+  }
+  v->low_copy_used = false;
   NoGradGuard no_grad;
   AutocastGuard off(false);
   Tensor copy = prim::cast(param, v->low_copy->dtype);

@@ -7,6 +7,7 @@
 //   for (const kiln::AutocastRule& r : kiln::autocast_rules()) ...
 //   kiln::autocast_policy("softmax");  // CastPolicy::Float32
 #pragma once
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -58,13 +59,15 @@ class AutocastScope {
   CastPolicy policy_ = CastPolicy::Inputs;
   DType low_ = DType::Float32;
   bool active_ = false;
-  std::unique_ptr<AutocastGuard> off_;
+  std::optional<AutocastGuard> off_;
 };
 
 // For optimizers, after `param.assign(new value)`: when autocast copied the value the parameter
 // had before (node `before`), records the copy of the new value and returns it, to be realized in
 // the same plan as the update. The JIT writes it from the update's own kernel (a second output),
 // so the next forward reads a ready copy and makes none. Undefined when there is nothing to do.
-Tensor refresh_autocast_copy(const Tensor& param, const NodePtr& before);
+// A copy no forward has used since the last refresh is dropped instead (autocast was turned off:
+// nothing keeps writing copies nobody reads).
+Tensor refresh_autocast_copy(const Tensor& param, const Node* before);
 
 }  // namespace kiln

@@ -184,6 +184,41 @@ Tensor max_pool_4d(const Tensor& x, const PoolGeometry& g) {
   return gather(column_max, 3, column);                                      // (N, C, OH, OW)
 }
 
+// Windows that tile the input (the common 2 x 2), in one pass: over the view (N, C, OH, kh * W),
+// where output row oh owns the kh input rows it pools, window element (a, b) of output (oh, ow)
+// sits at ow * kw + a * W + b. A comparison over the window's elements finds the first maximum
+// (NaN counts as one) and keeps its offset a * W + b, an int8 where it fits; the output gathers
+// at ow * kw + offset, and the backward scatters there. The scheduler stores the narrow offset,
+// not the int32 position computed from it (jit/schedule.cc), so the backward keeps a byte per
+// output where the general path below keeps int32 positions at two sizes, and runs one scatter
+// instead of two.
+Tensor max_pool_tiled(const Tensor& x, const PoolGeometry& g) {
+  const int64_t N = x.size(0), C = x.size(1), OH = g.h.O, OW = g.w.O, W = g.w.L, kh = g.h.kernel, kw = g.w.kernel;
+  const int64_t last = (kh - 1) * W + kw - 1;
+  const DType offset_t = last <= 127 ? DType::Int8 : DType::Int32;
+  Tensor rows = x.reshape({N, C, OH, kh * W});
+  std::vector<Tensor> element;  // window element (a, b) of every output, row-major: (N, C, OH, OW)
+  std::vector<int64_t> offset;
+  for (int64_t a = 0; a < kh; ++a)
+    for (int64_t b = 0; b < kw; ++b) {
+      element.push_back(rows.slice(3, a * W + b, a * W + b + (OW - 1) * kw + 1, kw));
+      offset.push_back(a * W + b);
+    }
+  Tensor m = element[0];
+  for (size_t j = 1; j < element.size(); ++j) m = maximum(m, element[j]);  // NaN wins
+  // The first element equal to the maximum; built from the last back, so that each step has one
+  // consumer and the whole choice is one expression.
+  const Shape out_shape = m.shape();
+  Tensor chosen = full(out_shape, static_cast<double>(offset.back()), offset_t);
+  for (size_t j = element.size() - 1; j-- > 0;) {
+    const Tensor& e = element[j];
+    Tensor is_max = logical_or(eq(e, m), logical_and(ne(e, e), ne(m, m)));
+    chosen = where(is_max, full(out_shape, static_cast<double>(offset[j]), offset_t), chosen);
+  }
+  Tensor index = iota(out_shape, 3, DType::Int32) * static_cast<double>(kw) + chosen.cast(DType::Int32);
+  return gather(rows, 3, index);
+}
+
 // Sum pooling along one axis: (..., L, ...) -> (..., O, ...), a sum of kernel gathers from t
 // (whose backward is a scatter each); window elements in the padding add zero.
 Tensor window_sum(const Tensor& t, const AxisGeometry& a, DType index_dtype) {
@@ -246,8 +281,11 @@ Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int
   PoolGeometry g = pool_geometry("max_pool2d", x, kernel, stride, padding, dilation, ceil_mode);
   KILN_CHECK(x.dtype() != DType::Bool, "max_pool2d", "input {} is bool; cast it to a number type first",
              shape_str(x.shape()));
-  if (x.dim() == 3) return max_pool_4d(unsqueeze(x, 0), g).squeeze(0);
-  return max_pool_4d(x, g);
+  auto pool = [&](const Tensor& x4) {
+    return g.tiles() && is_floating(x4.dtype()) ? max_pool_tiled(x4, g) : max_pool_4d(x4, g);
+  };
+  if (x.dim() == 3) return pool(unsqueeze(x, 0)).squeeze(0);
+  return pool(x);
 }
 
 Tensor avg_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,

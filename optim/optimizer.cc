@@ -101,22 +101,44 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, cons
   if (!fresh.empty()) sync(fresh);
 
   std::vector<Tensor> outputs;
+  // A step a GradScaler may skip is recorded whole or not at all: an update that fails its
+  // check puts back every parameter, state tensor and count recorded before it.
+  struct Recorded {
+    std::shared_ptr<Var> var;
+    NodePtr value;
+  };
+  std::vector<Recorded> recorded;
+  std::vector<std::pair<int64_t*, int64_t>> steps;
   flat = 0;
-  for (size_t g = 0; g < group_count(); ++g) {
-    for (size_t i = 0; i < group_params(g).size(); ++i, ++flat) {
-      if (!grads[flat].defined()) continue;
-      Tensor p = group_params(g)[i];
-      const NodePtr before = p.node();
-      ParamState& state = state_[g][i];
-      state.step++;
-      if (skip.defined()) update_unless(skip, g, p, grads[flat], state);
-      else update(g, p, grads[flat], state);
-      outputs.push_back(p);
-      for (auto& [name, t] : state.tensors) outputs.push_back(t);
-      // Autocast's low-precision copy of the new value, written by the update's own kernel.
-      if (Tensor copy = refresh_autocast_copy(p, before); copy.defined()) outputs.push_back(std::move(copy));
+  try {
+    for (size_t g = 0; g < group_count(); ++g) {
+      for (size_t i = 0; i < group_params(g).size(); ++i, ++flat) {
+        if (!grads[flat].defined()) continue;
+        Tensor p = group_params(g)[i];
+        // Not a handle: in eager mode an extra reference to the old value would keep the
+        // update from writing over it.
+        const Node* before = p.node().get();
+        ParamState& state = state_[g][i];
+        if (skip.defined()) {
+          recorded.push_back({TensorAccess::var(p), p.node()});
+          for (const auto& [name, t] : state.tensors) recorded.push_back({TensorAccess::var(t), t.node()});
+          steps.push_back({&state.step, state.step});
+        }
+        state.step++;
+        if (skip.defined()) update_unless(skip, g, p, grads[flat], state);
+        else update(g, p, grads[flat], state);
+        outputs.push_back(p);
+        for (auto& [name, t] : state.tensors) outputs.push_back(t);
+        // Autocast's low-precision copy of the new value, written by the update's own kernel.
+        if (Tensor copy = refresh_autocast_copy(p, before); copy.defined()) outputs.push_back(std::move(copy));
+      }
     }
+  } catch (...) {
+    for (const Recorded& r : recorded) r.var->set(r.value);
+    for (auto [step, value] : steps) *step = value;
+    throw;
   }
+  recorded.clear();  // no old value may outlive the recording: it would block in-place updates
   // A gradient handle held here would count as a user's pending value that reads the old
   // parameters, and keep the executor from updating them in place.
   grads.clear();

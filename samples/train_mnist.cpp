@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <iostream>
 
@@ -148,7 +149,8 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
       Tensor loss, correct;
       {  // no handle to the logits outlives the step: it would keep the update from running in place
         Tensor x = batch.input.to(run_on), labels = batch.target.to(run_on);  // no copy for the CPU
-        kiln::AutocastGuard autocast(amp_dtype(amp));  // matmuls and convolutions in bf16/fp16
+        std::optional<kiln::AutocastGuard> autocast;  // none: KILN_AMP still applies
+        if (amp != "none") autocast.emplace(amp_dtype(amp));  // matmuls and convolutions in bf16/fp16
         Tensor logits = model.forward(x);
         loss = nn::cross_entropy(logits, labels);
         correct = count_correct(logits, labels);

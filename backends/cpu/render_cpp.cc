@@ -41,10 +41,11 @@ class CppKernelRenderer {
   std::string idx(const IndexExpr& e) const { return values_.idx(e); }
   void emit_values(std::string& out, const std::string& indent) const { values_.emit_values(out, indent); }
   std::string v(int id) const { return values_.v(id); }
-  // Store of value `id` into a buffer of type `t`: a bfloat16 value is exact already, so it only
+  // Store of value `id` into a buffer of type `t`: a bfloat16 value that is exact already only
   // loses its low half (rounding it again would cost a dozen integer ops per element).
   std::string store(DType t, int id) const {
-    if (t == DType::BFloat16 && k_.exprs[id].dtype == DType::BFloat16) return fmt::format("kiln_f2bf_exact({})", v(id));
+    if (t == DType::BFloat16 && k_.exprs[id].dtype == DType::BFloat16 && values_.exact(id))
+      return fmt::format("kiln_f2bf_exact({})", v(id));
     return store_value(t, v(id));
   }
   void render_column_reduce(std::string& out, const char* acc_t, const std::string& init, bool is_sum,

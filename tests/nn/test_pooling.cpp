@@ -327,3 +327,14 @@ TEST_CASE("MaxPool2d and AvgPool2d modules", "[pooling][nn]") {
   CHECK(pool.forward(x).to_vector<float>() == max_pool2d(x, {2, 2}).to_vector<float>());
   CHECK_THROWS_AS(nn::MaxPool2d(2).forward(randn({6, 6})), Error);
 }
+
+TEST_CASE("tiled max pooling keeps one byte per output for its backward", "[pooling][planner]") {
+  // The scheduler stores the int8 window offset, not the int32 position computed from it.
+  Tensor x = randn({2, 3, 8, 8}).realize().requires_grad_();
+  Tensor loss = max_pool2d(x, {2, 2}).sum();
+  kiln::jit::SavedForBackward saved = kiln::jit::saved_for_backward(loss, {x});
+  CHECK(saved.activations == 2 * 3 * 4 * 4);
+  // Overlapping windows take the general path: int32 positions.
+  Tensor overlapping = max_pool2d(x, {2, 2}, {1, 1}).sum();
+  CHECK(kiln::jit::saved_for_backward(overlapping, {x}).activations > 2 * 3 * 7 * 7 * 4);
+}

@@ -347,3 +347,19 @@ TEST_CASE("saved_for_backward: what a step keeps for its backward halves under b
   // Nothing ran: the parameters are still the realized leaves they were.
   for (const Tensor& p : net.params()) CHECK(p.is_realized());
 }
+
+TEST_CASE("half-type ops keep plain numbers in float precision, as PyTorch", "[autocast][fusion]") {
+  // 70000 is beyond float16's range: as a float16 it would be inf and the quotient 0.
+  Tensor x = from_vector<float>({60000.0f, -30000.0f}, {2}).cast(DType::Float16).realize();
+  std::vector<float> q = (x / 70000.0).cast(DType::Float32).to_vector<float>();
+  CHECK(q[0] == Approx(60000.0 / 70000.0).epsilon(1e-3));
+  CHECK(q[1] == Approx(-30000.0 / 70000.0).epsilon(1e-3));
+  // A clamp returns a bound as a value of its type: 0.1 in bfloat16, fused or stored alike.
+  Tensor b = from_vector<float>({0.0f, 0.5f, 2.0f}, {3}).cast(DType::BFloat16).realize();
+  Tensor fused_product = (clamp(b, 0.1, 1.0) * 2.0).cast(DType::Float32);  // no handle: one kernel
+  Tensor clamped = clamp(b, 0.1, 1.0).realize();
+  Tensor stored_product = (clamped * 2.0).cast(DType::Float32);
+  std::vector<float> fused = fused_product.to_vector<float>(), stored = stored_product.to_vector<float>();
+  CHECK(fused == stored);
+  CHECK(stored[0] == 2.0f * 0.10009765625f);  // bfloat16(0.1), doubled exactly
+}

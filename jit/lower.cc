@@ -179,14 +179,17 @@ int KernelBuilder::value(const Node* node, const std::vector<IndexExpr>& idx, bo
       return push(std::move(e));
     }
     case OpKind::Index: {
-      // Gather: the source is a buffer; the index is fused.
+      // Gather: the source is a buffer, maybe under reshapes (same memory, same linear index);
+      // the index is fused.
       note(node->op);
       const Node* src = node->inputs[0].get();
+      const Node* base = src;
+      while (!s_.slot_of.count(base) && base->op == Op::Reshape) base = base->inputs[0].get();
       int axis = static_cast<int>(node->ints[0]);
       auto strides = contiguous_strides(src->shape);
       Expr e{Expr::Kind::GatherLoad};
       e.dtype = node->dtype;
-      e.buffer = buffer(s_.slot_of.at(src), src->dtype);
+      e.buffer = buffer(s_.slot_of.at(base), base->dtype);
       e.args = {value(node->inputs[1].get(), idx)};
       IndexExpr offset = ctx.constant(0);
       for (size_t d = 0; d < idx.size(); ++d)

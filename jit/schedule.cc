@@ -29,13 +29,19 @@ Schedule schedule(const PendingGraph& graph) {
   }
   materialized.assign(n, false);
   for (int o : graph.outputs) materialized[o] = true;
-  // A gather's source is read from memory: known before the costs below, so that what is
-  // computed from it is not priced as if the source were recomputed everywhere.
+  // A gather reads its source from memory, through reshapes (the same memory): the buffer under
+  // them. Known before the costs below, so that what is computed from it is not priced as if the
+  // source were recomputed everywhere.
+  auto gather_source = [&](const Node* node) {
+    const Node* base = node->inputs[0].get();
+    for (auto it = position.find(base); base->op == Op::Reshape && it != position.end() && !materialized[it->second];
+         it = position.find(base))
+      base = base->inputs[0].get();
+    return position.find(base);
+  };
   for (size_t i = 0; i < n; ++i)
-    if (graph.nodes[i]->op == Op::Gather) {
-      auto it = position.find(graph.nodes[i]->inputs[0].get());
-      if (it != position.end()) materialized[it->second] = true;
-    }
+    if (graph.nodes[i]->op == Op::Gather)
+      if (auto it = gather_source(graph.nodes[i].get()); it != position.end()) materialized[it->second] = true;
   std::vector<int> cost(n, 0);
   // From elementwise node i down the one input that carries its cost, through nodes read only
   // there: the first node of a narrower dtype that is itself too expensive to duplicate, or -1.
@@ -90,7 +96,8 @@ Schedule schedule(const PendingGraph& graph) {
       auto it = position.find(in.get());
       if (it != position.end()) materialized[it->second] = true;
     };
-    if (node->op == Op::Gather) need_buffer(node->inputs[0]);
+    if (node->op == Op::Gather)
+      if (auto it = gather_source(node); it != position.end()) materialized[it->second] = true;
     if (op_kind(node->op) == OpKind::Library && node->op != Op::Matmul) {
       // Convolutions read contiguous buffers; a reshape of one is the same memory.
       for (const NodePtr& in : node->inputs) {

@@ -206,16 +206,18 @@ Tensor max_pool_tiled(const Tensor& x, const PoolGeometry& g) {
     }
   Tensor m = element[0];
   for (size_t j = 1; j < element.size(); ++j) m = maximum(m, element[j]);  // NaN wins
-  // The first element equal to the maximum; built from the last back, so that each step has one
-  // consumer and the whole choice is one expression.
-  const Shape out_shape = m.shape();
-  Tensor chosen = full(out_shape, static_cast<double>(offset.back()), offset_t);
-  for (size_t j = element.size() - 1; j-- > 0;) {
+  // The first element equal to the maximum: offsets grow along the window, so it is the one
+  // whose distance to the last offset is largest among the maxima. Arithmetic in int32 rather
+  // than a chain of selects between constants, which GCC 12 does not vectorize; stored narrow.
+  Tensor distance;  // max over j of is_max_j * (last - offset_j)
+  for (size_t j = 0; j < element.size(); ++j) {
     const Tensor& e = element[j];
-    Tensor is_max = logical_or(eq(e, m), logical_and(ne(e, e), ne(m, m)));
-    chosen = where(is_max, full(out_shape, static_cast<double>(offset[j]), offset_t), chosen);
+    Tensor is_max = logical_or(eq(e, m), logical_and(ne(e, e), ne(m, m))).cast(DType::Int32);
+    Tensor d = is_max * static_cast<double>(last - offset[j]);
+    distance = distance.defined() ? maximum(distance, d) : d;
   }
-  Tensor index = iota(out_shape, 3, DType::Int32) * static_cast<double>(kw) + chosen.cast(DType::Int32);
+  Tensor chosen = (static_cast<double>(last) - distance).cast(offset_t);
+  Tensor index = iota(m.shape(), 3, DType::Int32) * static_cast<double>(kw) + chosen.cast(DType::Int32);
   return gather(rows, 3, index);
 }
 

@@ -1,7 +1,6 @@
 // The autocast policy table and where ops apply it. See ops/autocast.h.
 #include "ops/autocast.h"
 
-#include <algorithm>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -44,6 +43,12 @@ constexpr AutocastRule kRules[] = {
     {"max_pool2d", CastPolicy::Inputs},
 };
 
+const AutocastRule* find_rule(std::string_view op) {
+  for (const AutocastRule& r : kRules)
+    if (r.op == op) return &r;
+  return nullptr;
+}
+
 void log_table_once() {
   static std::once_flag printed;
   std::call_once(printed, [] {
@@ -62,8 +67,8 @@ Tensor low_copy(const Tensor& t, DType low) {
   const bool wants_grad = grad_enabled() && value->requires_grad;
   if (c && c->dtype == low && v->low_copy_of.lock() == value) {
     v->low_copy_used = true;
-    if (!c->realized() && (c->requires_grad || !wants_grad)) return Tensor(c);
-    if (c->realized() && !wants_grad) return Tensor(c);
+    // A pending copy made without gradients cannot serve a forward that needs them: made again.
+    if (!wants_grad || (!c->realized() && c->requires_grad)) return Tensor(c);
     if (c->realized()) {
       // A copy an optimizer's update wrote: a Cast of the parameter whose value is already
       // there, so that autograd still reaches the parameter through it.
@@ -90,9 +95,8 @@ Tensor low_copy(const Tensor& t, DType low) {
 std::span<const AutocastRule> autocast_rules() { return kRules; }
 
 CastPolicy autocast_policy(std::string_view op) {
-  for (const AutocastRule& r : kRules)
-    if (r.op == op) return r.policy;
-  return CastPolicy::Inputs;
+  const AutocastRule* rule = find_rule(op);
+  return rule ? rule->policy : CastPolicy::Inputs;
 }
 
 std::string_view policy_name(CastPolicy p) {
@@ -115,11 +119,12 @@ std::string autocast_table() {
 AutocastScope::AutocastScope(std::string_view op) {
   const DType mode = autocast_dtype();
   if (mode == DType::Float32) return;
-  policy_ = autocast_policy(op);
+  const AutocastRule* rule = find_rule(op);
+  KILN_CHECK(rule != nullptr, "autocast", "internal: op `{}` opens an AutocastScope but has no rule in ops/autocast.cc",
+             op);
+  policy_ = rule->policy;
   active_ = true;
   low_ = policy_ == CastPolicy::LowPrecision ? mode : DType::Float32;
-  KILN_CHECK(std::any_of(std::begin(kRules), std::end(kRules), [&](const AutocastRule& r) { return r.op == op; }), "autocast",
-             "internal: op `{}` opens an AutocastScope but has no rule in ops/autocast.cc", op);
   if (flags().log >= 1) log_table_once();
   off_.emplace(false);
 }

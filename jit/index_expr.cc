@@ -202,6 +202,22 @@ bool IndexContext::is_affine(const IndexExpr& a) const {
   return true;
 }
 
+bool IndexContext::affine_in(const IndexExpr& a, const std::string& var) const {
+  for (auto& t : a.terms) {
+    const IndexAtom& atom = atoms_[t.atom];
+    if (atom.kind != IndexAtom::Kind::Var && uses_var(inners_[atom.inner], var)) return false;
+  }
+  return true;
+}
+
+bool IndexContext::uses_var(const IndexExpr& a, const std::string& var) const {
+  for (auto& t : a.terms) {
+    const IndexAtom& atom = atoms_[t.atom];
+    if (atom.kind == IndexAtom::Kind::Var ? atom.name == var : uses_var(inners_[atom.inner], var)) return true;
+  }
+  return false;
+}
+
 int64_t IndexContext::coefficient(const IndexExpr& a, const std::string& name) const {
   for (auto& t : a.terms)
     if (atoms_[t.atom].kind == IndexAtom::Kind::Var && atoms_[t.atom].name == name) return t.coeff;

@@ -44,6 +44,9 @@ class IndexContext {
   int64_t max(const IndexExpr& a) const;
   // True when the expression uses only loop variables (no div/mod atoms).
   bool is_affine(const IndexExpr& a) const;
+  // True when loop variable `var` appears only as a plain term (never inside a div/mod atom), so
+  // a loop over it walks the address with a constant stride.
+  bool affine_in(const IndexExpr& a, const std::string& var) const;
   // Coefficient of the loop variable `name` (0 when absent or hidden inside a div/mod).
   int64_t coefficient(const IndexExpr& a, const std::string& name) const;
   std::string render(const IndexExpr& a) const;
@@ -52,6 +55,7 @@ class IndexContext {
   const std::vector<IndexAtom>& atoms() const { return atoms_; }
 
  private:
+  bool uses_var(const IndexExpr& a, const std::string& var) const;
   int intern(IndexAtom atom);
   std::vector<IndexAtom> atoms_;
   std::vector<IndexExpr> inners_;

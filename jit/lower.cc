@@ -214,7 +214,20 @@ bool all_affine(const Kernel& k) {
   return k.ctx.is_affine(k.store_index);
 }
 
-Kernel build_elementwise(const Lowerer& s, const Node* node, int slot, bool flat) {
+// Whether every address the kernel computes walks with a constant stride along loop variable
+// `var` (so a loop over it vectorizes); div/mod atoms of the other loop variables are fine.
+bool affine_in(const Kernel& k, const std::string& var) {
+  for (const Expr& e : k.exprs) {
+    if (!k.ctx.affine_in(e.index, var)) return false;
+    for (const Guard& g : e.guards)
+      if (!k.ctx.affine_in(g.expr, var)) return false;
+  }
+  return k.ctx.affine_in(k.store_index, var);
+}
+
+// An elementwise kernel over `shape` as a parallel loop "o" over its first `outer_dims` axes and an
+// inner loop "i" over the rest (outer_dims 0: one flat parallel loop "i").
+Kernel build_elementwise(const Lowerer& s, const Node* node, int slot, size_t outer_dims) {
   Kernel k;
   k.kind = KernelKind::Elementwise;
   KernelBuilder b(s, k);
@@ -223,23 +236,36 @@ Kernel build_elementwise(const Lowerer& s, const Node* node, int slot, bool flat
   int64_t n = node->numel();
   k.out_numel = n;
   std::vector<IndexExpr> idx;
-  if (flat || shape.size() <= 1) {
+  if (outer_dims == 0 || shape.size() <= 1) {
     IndexExpr i = k.ctx.var("i", n);
     k.loops = {{"i", n, Loop::Role::Parallel}};
     idx = unflatten(k.ctx, i, shape);
     k.store_index = i;
   } else {
-    int64_t inner = shape.back(), outer = n / std::max<int64_t>(inner, 1);
+    const Shape outer_shape(shape.begin(), shape.begin() + static_cast<std::ptrdiff_t>(outer_dims));
+    const Shape inner_shape(shape.begin() + static_cast<std::ptrdiff_t>(outer_dims), shape.end());
+    const int64_t inner = numel(inner_shape), outer = numel(outer_shape);
     IndexExpr o = k.ctx.var("o", outer), i = k.ctx.var("i", inner);
     k.loops = {{"o", outer, Loop::Role::Parallel}, {"i", inner, Loop::Role::Inner}};
-    Shape outer_shape(shape.begin(), shape.end() - 1);
     idx = unflatten(k.ctx, o, outer_shape);
-    idx.push_back(i);
+    for (IndexExpr& e : unflatten(k.ctx, i, inner_shape)) idx.push_back(std::move(e));
     k.store_index = k.ctx.add(k.ctx.scale(o, inner), i);
   }
   k.value = b.value(node, idx, true);
   k.summary += shape_str(shape);
   return k;
+}
+
+// The elementwise kernel with the longest inner loop along which every address is affine: one flat
+// loop when possible; else, e.g. for a per-channel bias over (N, C, H, W), o over (N, C) and i
+// over H*W (not just W: a short inner loop of half-precision values runs at half speed).
+Kernel build_elementwise(const Lowerer& s, const Node* node, int slot) {
+  const size_t dims = node->shape.size();
+  for (size_t outer_dims = 0; outer_dims + 1 < dims; ++outer_dims) {
+    Kernel k = build_elementwise(s, node, slot, outer_dims);
+    if (affine_in(k, "i")) return k;
+  }
+  return build_elementwise(s, node, slot, dims == 0 ? 0 : dims - 1);
 }
 
 Kernel build_reduce(const Lowerer& s, const Node* node, int slot, bool flat) {
@@ -456,8 +482,7 @@ bool Lowerer::build_kernels() {
         if (node->op == Op::ScatterAdd) {
           k = build_scatter(*this, node, slot);
         } else {
-          k = build_elementwise(*this, node, slot, true);
-          if (!all_affine(k)) k = build_elementwise(*this, node, slot, false);
+          k = build_elementwise(*this, node, slot);
         }
     }
     k.name = fmt::format("kiln_k{}", out.kernels.size());

@@ -206,17 +206,14 @@ Tensor max_pool_tiled(const Tensor& x, const PoolGeometry& g) {
     }
   Tensor m = element[0];
   for (size_t j = 1; j < element.size(); ++j) m = maximum(m, element[j]);  // NaN wins
-  // The first element equal to the maximum: offsets grow along the window, so it is the one
-  // whose distance to the last offset is largest among the maxima. Arithmetic in int32 rather
-  // than a chain of selects between constants, which GCC 12 does not vectorize; stored narrow.
-  Tensor distance;  // max over j of is_max_j * (last - offset_j)
-  for (size_t j = 0; j < element.size(); ++j) {
+  // The first element equal to the maximum (a NaN equals the NaN maximum it made), as a select
+  // chain from the last element back: a few scalar operations per output, which is what GCC 12
+  // makes of it anyway (it does not vectorize this loop of 14-wide rows with stride-2 loads).
+  Tensor chosen = broadcast_to(scalar(static_cast<double>(offset.back()), offset_t), m.shape());
+  for (size_t j = element.size() - 1; j-- > 0;) {
     const Tensor& e = element[j];
-    Tensor is_max = logical_or(eq(e, m), logical_and(ne(e, e), ne(m, m))).cast(DType::Int32);
-    Tensor d = is_max * static_cast<double>(last - offset[j]);
-    distance = distance.defined() ? maximum(distance, d) : d;
+    chosen = where(logical_or(eq(e, m), ne(e, e)), scalar(static_cast<double>(offset[j]), offset_t), chosen);
   }
-  Tensor chosen = (static_cast<double>(last) - distance).cast(offset_t);
   Tensor index = iota(m.shape(), 3, DType::Int32) * static_cast<double>(kw) + chosen.cast(DType::Int32);
   return gather(rows, 3, index);
 }

@@ -36,6 +36,27 @@ TEST_CASE("a matmul operand that is no strided view gets a buffer of its own", "
     }
 }
 
+TEST_CASE("an elementwise kernel loops innermost over every axis its addresses walk linearly", "[jit][lower]") {
+  // A per-channel bias over (N, C, H, W): no flat loop (the channel is (i / HW) % C), but o over
+  // (N, C) and i over H*W keep every address affine in i: a long inner loop, not one of W.
+  Tensor x = rand({2, 3, 4, 5}), b = rand({3, 1, 1});
+  Tensor y = relu(x + b);
+  jit::Program program = jit::lower_for({y.node()});
+  REQUIRE(program.kernels.size() == 1);
+  const jit::Kernel& k = program.kernels[0];
+  REQUIRE(k.loops.size() == 2);
+  CHECK(k.loops[0].extent == 6);
+  CHECK(k.loops[1].extent == 20);
+  // A transposed operand walks H*W with a jump at each row of the permuted view: i over W only.
+  Tensor z = x + permute(rand({2, 3, 5, 4}), {0, 1, 3, 2});
+  jit::Program transposed = jit::lower_for({z.node()});
+  REQUIRE(transposed.kernels.size() == 1);
+  REQUIRE(transposed.kernels[0].loops.size() == 2);
+  CHECK(transposed.kernels[0].loops[1].extent == 5);
+  std::vector<float> xs = x.to_vector<float>(), bs = b.to_vector<float>(), ys = y.to_vector<float>();
+  for (size_t e = 0; e < xs.size(); ++e) CHECK(ys[e] == std::max(0.0f, xs[e] + bs[(e / 20) % 3]));
+}
+
 TEST_CASE("the structural key tells devices apart by itself", "[jit][plan-cache][device]") {
   if (!cuda::available()) return;
   auto graph_on = [](Device d) {

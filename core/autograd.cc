@@ -124,4 +124,13 @@ void Tensor::backward(bool retain_graph) const {
   }
 }
 
+void set_gradient_reducer(const Tensor& param, const std::shared_ptr<GradientReducer>& reducer) {
+  KILN_CHECK(param.defined(), "set_gradient_reducer", "the parameter is an undefined tensor");
+  TensorAccess::var(param)->reducer = reducer;
+}
+
+std::shared_ptr<GradientReducer> gradient_reducer(const Tensor& param) {
+  return param.defined() ? TensorAccess::var(param)->reducer.lock() : nullptr;
+}
+
 }  // namespace kiln

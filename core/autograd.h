@@ -30,6 +30,21 @@ class NoGradGuard {
 std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs,
                          const Tensor& grad_output = {}, bool retain_graph = false);
 
+// Transforms the gradients of some parameters before an optimizer applies them: data parallel's
+// all-reduce (distributed/data_parallel.h). `along` are tensors the step realizes anyway (the
+// loss, outputs, gradients a user holds): a reducer that must realize the gradients realizes them
+// in the same plan, so that nothing is computed twice.
+class GradientReducer {
+ public:
+  virtual ~GradientReducer() = default;
+  // Replaces grads[i] (the gradient of params[i]; undefined when it has none) in place.
+  virtual void reduce(const std::vector<Tensor>& params, std::vector<Tensor>& grads,
+                      const std::vector<Tensor>& along) = 0;
+};
+// Registers `reducer` for `param` (null: none); the parameter keeps only a weak reference.
+void set_gradient_reducer(const Tensor& param, const std::shared_ptr<GradientReducer>& reducer);
+std::shared_ptr<GradientReducer> gradient_reducer(const Tensor& param);
+
 // Gradient rule of one primitive: given the node and the gradient of its output, returns the
 // gradient of each input (undefined where an input gets none). Defined in ops/grad_rules.cc.
 using GradRule = std::vector<Tensor> (*)(const NodePtr& node, const Tensor& grad_out);

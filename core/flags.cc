@@ -1,6 +1,8 @@
 #include "core/flags.h"
 
 #include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 
@@ -35,6 +37,13 @@ void parse_int(Int& out, std::string_view name, const std::string& v) {
 }
 void parse_into(int& out, std::string_view name, const std::string& v) { parse_int(out, name, v); }
 void parse_into(int64_t& out, std::string_view name, const std::string& v) { parse_int(out, name, v); }
+void parse_into(double& out, std::string_view name, const std::string& v) {
+  char* end = nullptr;
+  errno = 0;
+  double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || errno != 0) bad_value(name, v, "a number");
+  out = x;
+}
 void parse_into(std::string& out, std::string_view, const std::string& v) { out = v; }
 void parse_into(MemoryPool& out, std::string_view name, const std::string& v) {
   if (v == "none") out = MemoryPool::None;
@@ -51,6 +60,7 @@ void parse_into(AmpMode& out, std::string_view name, const std::string& v) {
 std::string show(bool v) { return v ? "1" : "0"; }
 std::string show(int v) { return std::to_string(v); }
 std::string show(int64_t v) { return std::to_string(v); }
+std::string show(double v) { return fmt::format("{}", v); }
 std::string show(const std::string& v) { return v.empty() ? "\"\"" : v; }
 std::string show(MemoryPool v) { return v == MemoryPool::None ? "none" : "pool"; }
 std::string show(AmpMode v) { return v == AmpMode::None ? "none" : v == AmpMode::Float16 ? "fp16" : "bf16"; }
@@ -63,6 +73,11 @@ void validate(const Flags& f) {
   if (f.quantize_bits < 2 || f.quantize_bits > 8)
     bad_value("quantize_bits", std::to_string(f.quantize_bits), "2..8");
   if (!f.memory_limit.empty()) parse_size(f.memory_limit, "memory_limit");
+  // Positive and finite; buckets under a byte would mean one all-reduce per element.
+  if (!(f.bucket_mb * 1048576.0 >= 1.0) || !std::isfinite(f.bucket_mb))
+    bad_value("bucket_mb", show(f.bucket_mb), "a positive size in MiB (e.g. 25, or 0.0001 for one tensor per bucket)");
+  if (!(f.collective_timeout > 0) || !std::isfinite(f.collective_timeout))
+    bad_value("collective_timeout", show(f.collective_timeout), "a positive number of seconds");
   if (!f.memory_budget.empty()) {
     char* end = nullptr;
     double frac = std::strtod(f.memory_budget.c_str(), &end);

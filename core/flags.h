@@ -32,6 +32,8 @@ enum class AmpMode : uint8_t { None, Float16, BFloat16 };
   X(std::string, memory_limit, "", "cap on total allocated bytes (e.g. 2GiB); empty = none")       \
   X(bool, debug_memory, false, "fill every freed buffer with NaN to catch use-after-free")         \
   X(AmpMode, amp, AmpMode::None, "none|fp16|bf16: autocast ops to this type (ops/autocast.h)")   \
+  X(double, bucket_mb, 25.0, "data parallel: MiB of gradients per all-reduce (first bucket 1 MiB)") \
+  X(double, collective_timeout, 300.0, "seconds a collective waits for the other ranks, then throws") \
   X(bool, quantize, false, "quantize Linear layers for inference (not built yet)")                \
   X(int, quantize_bits, 8, "bit width used when quantize is on (not built yet)")
 

@@ -30,6 +30,7 @@ struct Storage {
 
 struct Var;
 struct Node;
+class GradientReducer;  // core/autograd.h
 using NodePtr = std::shared_ptr<Node>;
 
 // One kiln::checkpoint call (memory/recompute.h): the nodes its function recorded (ids strictly
@@ -93,6 +94,9 @@ struct Var {
   NodePtr low_copy;
   std::weak_ptr<Node> low_copy_of;
   bool low_copy_used = false;
+  // Transforms this parameter's gradient before an optimizer applies it (data parallel's
+  // all-reduce); weak: the reducer's owner (a DataParallel) decides how long it applies.
+  std::weak_ptr<GradientReducer> reducer;
 
   explicit Var(NodePtr n) { set(std::move(n)); }
   ~Var() {

@@ -78,8 +78,33 @@ void Optimizer::apply_gradients(std::vector<Tensor> grads, std::vector<Tensor> o
 // Records every update, then runs them (with `extra`, the tensors synced with every step, and
 // any gradient a user still holds through p.grad()) as one plan, in parameter order. With
 // `skip`, each update keeps the old values where skip is true (update_unless).
+// Hands each gradient reducer (distributed::DataParallel) the gradients of its parameters, in
+// parameter order, with the tensors this step realizes anyway.
+void Optimizer::reduce_gradients(std::vector<Tensor>& grads, const std::vector<Tensor>& extra) const {
+  std::vector<Tensor> params = parameters();
+  std::vector<std::shared_ptr<GradientReducer>> reducers;
+  for (const Tensor& p : params)
+    if (auto r = gradient_reducer(p); r && std::find(reducers.begin(), reducers.end(), r) == reducers.end())
+      reducers.push_back(std::move(r));
+  if (reducers.empty()) return;
+  std::vector<Tensor> along = extra;
+  for (const Tensor& p : params)
+    if (p.grad().defined()) along.push_back(p.grad());
+  for (const Tensor& t : synced_with_step_)
+    if (t.defined() && !t.is_realized()) along.push_back(t);
+  for (const auto& reducer : reducers) {
+    std::vector<Tensor> mine, their_grads;
+    std::vector<size_t> at;
+    for (size_t i = 0; i < params.size(); ++i)
+      if (gradient_reducer(params[i]) == reducer) mine.push_back(params[i]), their_grads.push_back(grads[i]), at.push_back(i);
+    reducer->reduce(mine, their_grads, along);
+    for (size_t j = 0; j < at.size(); ++j) grads[at[j]] = std::move(their_grads[j]);
+  }
+}
+
 void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, const Tensor& skip) {
   resize_state();
+  reduce_gradients(grads, extra);
   NoGradGuard no_grad;
   AutocastGuard no_autocast(false);  // updates run in the parameters' type
   // State tensors start as realized zeros, so the first step's graph is the same as every

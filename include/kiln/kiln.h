@@ -24,6 +24,8 @@
 #include "core/error.h"
 #include "core/flags.h"
 #include "core/tensor.h"
+#include "distributed/communicator.h"
+#include "distributed/data_parallel.h"
 #include "jit/stats.h"
 #include "memory/allocator.h"
 #include "memory/pool.h"

@@ -1,0 +1,324 @@
+// The world and its collectives over MPI. Every MPI call is non-blocking and polled against the
+// collective timeout, so a rank that dies or skips a collective turns into an Error on the
+// others instead of a hang. See communicator.h.
+#include "distributed/communicator.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "core/error.h"
+#include "core/flags.h"
+#include "ops/ops.h"
+
+#if KILN_WITH_MPI
+// The C API only: OpenMPI's and MPICH's headers otherwise pull in C++ bindings that need a
+// library kiln does not link.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#endif
+
+namespace kiln::distributed {
+
+namespace {
+
+struct World {
+  bool initialized = false;
+  bool mpi = false;
+  int rank = 0, size = 1;
+  ~World();
+};
+
+World& world() {
+  static World w;
+  return w;
+}
+
+// The world size an MPI launcher announces in the environment (OpenMPI, MPICH's Hydra, PMIx),
+// or 0 when no launcher started this process.
+int launcher_world_size() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+    if (const char* v = std::getenv(name); v != nullptr && *v != '\0') return std::max(1, std::atoi(v));
+  if (std::getenv("PMIX_RANK") != nullptr) return 1;
+  return 0;
+}
+
+void require_init(const char* op) {
+  KILN_CHECK(world().initialized, op, "call kiln::distributed::init() first (once, before any collective)");
+}
+
+// The tensor's values on the host, realized and contiguous (MPI reads them; nothing writes them).
+Tensor host_values(const Tensor& t) {
+  Tensor h = t.device().is_cpu() ? t : t.to(Device::cpu());
+  h.realize();
+  return h;
+}
+
+// A realized host tensor whose buffer a collective may write.
+Tensor fresh_host(const Shape& shape, DType dtype) {
+  Tensor out = zeros(shape, dtype);
+  if (!out.device().is_cpu()) out = out.to(Device::cpu());
+  out.realize();
+  return out;
+}
+
+void* writable(const Tensor& t) { return const_cast<void*>(t.data()); }
+
+// Back on the device the input came from.
+Tensor like_input(Tensor host, const Tensor& input) {
+  return input.device().is_cpu() ? host : host.to(input.device());
+}
+
+bool is_half(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
+
+#if KILN_WITH_MPI
+
+MPI_Datatype mpi_type(DType t, const char* op) {
+  switch (t) {
+    case DType::Float32: return MPI_FLOAT;
+    case DType::Float64: return MPI_DOUBLE;
+    case DType::Int64: return MPI_INT64_T;
+    case DType::Int32: return MPI_INT32_T;
+    case DType::Int8: return MPI_INT8_T;
+    case DType::UInt8: return MPI_UINT8_T;
+    case DType::Bool: return MPI_C_BOOL;
+    default: KILN_FAIL(op, "no MPI type for {}; cast to float32 first", dtype_name(t));
+  }
+}
+
+MPI_Op mpi_op(ReduceOp op, DType t) {
+  if (t == DType::Bool) return MPI_LOR;  // check_reduce allows only Max for bools
+  return op == ReduceOp::Max ? MPI_MAX : MPI_SUM;
+}
+
+void check_mpi(int code, const char* op) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  KILN_FAIL(op, "MPI failed on rank {} of {}: {}", world().rank, world().size, std::string(text, length));
+}
+
+// Polls `request` until it completes or the collective timeout passes.
+void wait(MPI_Request& request, const char* op) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto limit = std::chrono::duration<double>(flags().collective_timeout);
+  int done = 0;
+  for (int polls = 0;; ++polls) {
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), op);
+    if (done) return;
+    if (Clock::now() - start > limit)
+      KILN_FAIL(op, "rank {} of {} waited {} s for the other ranks (KILN_COLLECTIVE_TIMEOUT): one of them failed, "
+                "exited, or skipped this collective (every rank must call the same collectives in the same order)",
+                world().rank, world().size, flags().collective_timeout);
+    // Spin briefly (short collectives answer in microseconds), then give the core away.
+    if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+#endif  // KILN_WITH_MPI
+
+World::~World() {
+#if KILN_WITH_MPI
+  int finalized = 0;
+  if (mpi && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) MPI_Finalize();
+#endif
+}
+
+// Reductions of half types run in float32: MPI has no such types, and a sum in float32 rounds once.
+Tensor reduce_wide(const Tensor& t, ReduceOp op, Tensor (*reduce)(const Tensor&, ReduceOp)) {
+  return cast(reduce(cast(t, DType::Float32), op), t.dtype());
+}
+
+void check_reduce(const Tensor& t, ReduceOp op, const char* name) {
+  KILN_CHECK(op != ReduceOp::Mean || is_floating(t.dtype()), name,
+             "a mean of {} values would truncate; use Sum and divide, or cast to a float type first", dtype_name(t.dtype()));
+  KILN_CHECK(t.dtype() != DType::Bool || op == ReduceOp::Max, name, "bool tensors reduce with Max (logical or) only");
+}
+
+}  // namespace
+
+std::string reduce_op_name(ReduceOp op) {
+  return op == ReduceOp::Sum ? "ReduceOp::Sum" : op == ReduceOp::Mean ? "ReduceOp::Mean" : "ReduceOp::Max";
+}
+
+void init() {
+  World& w = world();
+  if (w.initialized) return;
+  const int launched = launcher_world_size();
+#if KILN_WITH_MPI
+  if (launched > 0) {
+    int already = 0;
+    MPI_Initialized(&already);
+    if (!already) {
+      int provided = 0;
+      // FUNNELED: only the thread that called init() makes MPI calls (kiln's data loader threads
+      // and OpenMP teams never do).
+      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        KILN_FAIL("distributed::init", "MPI_Init_thread failed (launcher world size {})", launched);
+    }
+    // Errors come back as codes that become kiln::Error, instead of MPI aborting the job.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &w.rank), "distributed::init");
+    check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &w.size), "distributed::init");
+    w.mpi = true;
+  }
+#else
+  KILN_CHECK(launched <= 1, "distributed::init",
+             "this process was started by an MPI launcher with {} processes, but kiln was built without MPI; "
+             "install libopenmpi-dev and rebuild kiln (CMake finds MPI by itself), or run a single process",
+             launched);
+#endif
+  w.initialized = true;
+}
+
+bool initialized() { return world().initialized; }
+int rank() { return world().rank; }
+int world_size() { return world().size; }
+bool uses_mpi() { return world().mpi; }
+
+void barrier() {
+  require_init("distributed::barrier");
+#if KILN_WITH_MPI
+  if (!world().mpi) return;
+  MPI_Request request;
+  check_mpi(MPI_Ibarrier(MPI_COMM_WORLD, &request), "distributed::barrier");
+  wait(request, "distributed::barrier");
+#endif
+}
+
+Tensor all_reduce(const Tensor& t, ReduceOp op) {
+  const char* name = "distributed::all_reduce";
+  require_init(name);
+  check_reduce(t, op, name);
+  if (is_half(t.dtype())) return reduce_wide(t, op, all_reduce);
+  Tensor in = host_values(t);
+  Tensor out = fresh_host(t.shape(), t.dtype());
+  const size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
+  if (bytes > 0) std::memcpy(writable(out), in.data(), bytes);
+#if KILN_WITH_MPI
+  if (world().mpi && t.numel() > 0) {
+    KILN_CHECK(t.numel() <= INT32_MAX, name, "{} has more elements than one MPI call takes (2^31 - 1); split it",
+               t.str());
+    MPI_Request request;
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, writable(out), static_cast<int>(t.numel()), mpi_type(t.dtype(), name),
+                             mpi_op(op, t.dtype()), MPI_COMM_WORLD, &request),
+              name);
+    wait(request, name);
+  }
+#endif
+  if (op == ReduceOp::Mean && world().size > 1) out = (out / static_cast<double>(world().size)).realize();
+  return like_input(out, t);
+}
+
+Tensor broadcast(const Tensor& t, int root) {
+  const char* name = "distributed::broadcast";
+  require_init(name);
+  KILN_CHECK(root >= 0 && root < world().size, name, "root {} is not a rank of this world of {}", root, world().size);
+  Tensor in = host_values(t);
+  Tensor out = fresh_host(t.shape(), t.dtype());
+  const size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
+  if (bytes > 0) std::memcpy(writable(out), in.data(), bytes);
+#if KILN_WITH_MPI
+  if (world().mpi && bytes > 0) {
+    KILN_CHECK(bytes <= INT32_MAX, name, "{} is over 2 GiB, more than one MPI call takes; split it", t.str());
+    MPI_Request request;
+    check_mpi(MPI_Ibcast(writable(out), static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD, &request), name);
+    wait(request, name);
+  }
+#endif
+  return like_input(out, t);
+}
+
+Tensor all_gather(const Tensor& t) {
+  const char* name = "distributed::all_gather";
+  require_init(name);
+  KILN_CHECK(t.dim() >= 1, name, "needs a tensor with an axis 0 to concatenate along, got {}", t.str());
+  Shape shape = t.shape();
+  shape[0] *= world().size;
+  Tensor in = host_values(t);
+  Tensor out = fresh_host(shape, t.dtype());
+  const size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
+#if KILN_WITH_MPI
+  if (world().mpi) {
+    KILN_CHECK(bytes <= INT32_MAX, name, "{} is over 2 GiB, more than one MPI call takes; split it", t.str());
+    MPI_Request request;
+    check_mpi(MPI_Iallgather(in.data(), static_cast<int>(bytes), MPI_BYTE, writable(out), static_cast<int>(bytes),
+                             MPI_BYTE, MPI_COMM_WORLD, &request),
+              name);
+    wait(request, name);
+    return like_input(out, t);
+  }
+#endif
+  if (bytes > 0) std::memcpy(writable(out), in.data(), bytes);
+  return like_input(out, t);
+}
+
+Tensor reduce_scatter(const Tensor& t, ReduceOp op) {
+  const char* name = "distributed::reduce_scatter";
+  require_init(name);
+  check_reduce(t, op, name);
+  const int n = world().size;
+  KILN_CHECK(t.dim() >= 1 && t.size(0) % n == 0, name, "axis 0 of {} must divide into {} blocks, one per rank",
+             t.str(), n);
+  if (is_half(t.dtype())) return reduce_wide(t, op, reduce_scatter);
+  Shape shape = t.shape();
+  shape[0] /= n;
+  Tensor in = host_values(t);
+  Tensor out = fresh_host(shape, t.dtype());
+  const int64_t block = numel(shape);
+#if KILN_WITH_MPI
+  if (world().mpi) {
+    KILN_CHECK(block <= INT32_MAX, name, "a block of {} elements is more than one MPI call takes", block);
+    MPI_Request request;
+    check_mpi(MPI_Ireduce_scatter_block(in.data(), writable(out), static_cast<int>(block), mpi_type(t.dtype(), name),
+                                        mpi_op(op, t.dtype()), MPI_COMM_WORLD, &request),
+              name);
+    wait(request, name);
+    if (op == ReduceOp::Mean) out = (out / static_cast<double>(n)).realize();
+    return like_input(out, t);
+  }
+#endif
+  if (block > 0) std::memcpy(writable(out), in.data(), static_cast<size_t>(block) * dtype_size(t.dtype()));
+  return like_input(out, t);
+}
+
+void send(const Tensor& t, int to, int tag) {
+  const char* name = "distributed::send";
+  require_init(name);
+  KILN_CHECK(to >= 0 && to < world().size && to != world().rank, name,
+             "rank {} cannot send to rank {} in a world of {}", world().rank, to, world().size);
+#if KILN_WITH_MPI
+  Tensor in = host_values(t);
+  const size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
+  KILN_CHECK(bytes <= INT32_MAX, name, "{} is over 2 GiB, more than one MPI call takes; split it", t.str());
+  MPI_Request request;
+  check_mpi(MPI_Isend(in.data(), static_cast<int>(bytes), MPI_BYTE, to, tag, MPI_COMM_WORLD, &request), name);
+  wait(request, name);
+#else
+  (void)t, (void)tag;
+#endif
+}
+
+Tensor recv(const Shape& shape, DType dtype, int from, int tag) {
+  const char* name = "distributed::recv";
+  require_init(name);
+  KILN_CHECK(from >= 0 && from < world().size && from != world().rank, name,
+             "rank {} cannot receive from rank {} in a world of {}", world().rank, from, world().size);
+  Tensor out = fresh_host(shape, dtype);
+#if KILN_WITH_MPI
+  const size_t bytes = static_cast<size_t>(numel(shape)) * dtype_size(dtype);
+  KILN_CHECK(bytes <= INT32_MAX, name, "{} elements of {} are over 2 GiB; split them", numel(shape), dtype_name(dtype));
+  MPI_Request request;
+  check_mpi(MPI_Irecv(writable(out), static_cast<int>(bytes), MPI_BYTE, from, tag, MPI_COMM_WORLD, &request), name);
+  wait(request, name);
+#else
+  (void)tag;
+#endif
+  return out;
+}
+
+}  // namespace kiln::distributed

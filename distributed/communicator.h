@@ -1,0 +1,48 @@
+// The world of processes a program runs in and the collectives between them: OpenMPI for host
+// tensors when the program is started by `mpirun`, a world of one (every collective the identity)
+// when it is not, so single-process programs and tests need no launcher.
+//
+//   kiln::distributed::init();                       // mpirun -np 2 ./train  ->  ranks 0 and 1
+//   Tensor g = kiln::distributed::all_reduce(grad, kiln::distributed::ReduceOp::Mean);
+//   if (kiln::distributed::rank() == 0) save(...);
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace kiln::distributed {
+
+enum class ReduceOp : uint8_t { Sum, Mean, Max };
+
+// Joins the world: under mpirun (or another MPI launcher) initializes MPI and reads this
+// process's rank and the world size; otherwise a world of 1. Idempotent. Throws kiln::Error when
+// launched with more than one process by a kiln built without MPI.
+void init();
+bool initialized();
+int rank();        // 0 when not initialized
+int world_size();  // 1 when not initialized
+// Whether collectives go through MPI (a world started by an MPI launcher).
+bool uses_mpi();
+
+// Every rank waits here for the others (a no-op in a world of 1).
+void barrier();
+
+// Collectives: every rank calls them in the same order with tensors of the same shape and dtype
+// (all_gather: the same dtype and trailing shape); each waits at most KILN_COLLECTIVE_TIMEOUT
+// seconds for the others and then throws. They realize their input and return realized host
+// tensors. float16/bfloat16 travel as their bits and are reduced in float32 (exact for Max).
+Tensor all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum);
+Tensor broadcast(const Tensor& t, int root = 0);  // rank root's value on every rank
+Tensor all_gather(const Tensor& t);               // every rank's t, concatenated along axis 0
+// The reduction of every rank's t, split along axis 0 (whose size must divide by the world):
+// rank r gets block r.
+Tensor reduce_scatter(const Tensor& t, ReduceOp op = ReduceOp::Sum);
+void send(const Tensor& t, int to, int tag = 0);
+// Receives what rank `from` sent with `tag`; shape and dtype must match what it sent.
+Tensor recv(const Shape& shape, DType dtype, int from, int tag = 0);
+
+// "ReduceOp::Mean" etc., for messages.
+std::string reduce_op_name(ReduceOp op);
+
+}  // namespace kiln::distributed

@@ -1,0 +1,165 @@
+// DataParallel: a consistency check and a broadcast at construction, then a gradient reducer
+// that the optimizer calls before each update. See data_parallel.h.
+#include "distributed/data_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "core/flags.h"
+#include "distributed/communicator.h"
+#include "ops/ops.h"
+
+namespace kiln::distributed {
+
+namespace {
+
+constexpr double kFirstBucketBytes = 1 << 20;  // PyTorch DDP's first bucket: the last layers' gradients go early
+
+int64_t bytes_of(const Tensor& t) { return t.numel() * static_cast<int64_t>(dtype_size(t.dtype())); }
+
+BucketPlan plan_buckets(const std::vector<Tensor>& params) {
+  BucketPlan plan;
+  const double cap = flags().bucket_mb * 1048576.0;
+  double filled = 0;
+  for (size_t k = params.size(); k-- > 0;) {
+    const Tensor& p = params[k];
+    const double limit = plan.buckets.size() <= 1 ? std::min(cap, kFirstBucketBytes) : cap;
+    bool fits = !plan.buckets.empty() && filled + static_cast<double>(bytes_of(p)) <= limit;
+    if (fits) {
+      const Tensor& first = params[plan.buckets.back().front()];
+      fits = first.dtype() == p.dtype() && first.device() == p.device();
+    }
+    if (!fits) {
+      plan.buckets.emplace_back();
+      filled = 0;
+    }
+    plan.buckets.back().push_back(k);
+    filled += static_cast<double>(bytes_of(p));
+  }
+  return plan;
+}
+
+// A digest of one parameter's name, shape and dtype, so that ranks compare parameter lists with
+// one small all-gather instead of one message per parameter.
+int64_t digest(const std::string& name, const Tensor& t) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) {
+    h ^= v;
+    h *= 1099511628211ull;
+  };
+  for (char c : name) mix(static_cast<unsigned char>(c));
+  mix(static_cast<uint64_t>(t.dtype()));
+  for (int64_t d : t.shape()) mix(static_cast<uint64_t>(d));
+  return static_cast<int64_t>(h >> 1);
+}
+
+void check_same_parameters(const nn::NamedTensors& named) {
+  const int n = world_size();
+  if (n == 1) return;
+  std::vector<int64_t> mine{static_cast<int64_t>(named.size())};
+  for (const auto& [name, t] : named) mine.push_back(digest(name, t));
+  // Lists of different lengths cannot be gathered as one block: agree on the length first.
+  const Tensor counts = all_gather(from_vector<int64_t>({mine[0]}, {1}));
+  std::vector<int64_t> c = counts.to_vector<int64_t>();
+  for (int r = 0; r < n; ++r)
+    KILN_CHECK(c[r] == c[0], "DataParallel", "rank {} has {} parameter tensors but rank {} has {}; every rank must build the same model",
+               r, c[r], 0, c[0]);
+  std::vector<int64_t> all = all_gather(from_vector<int64_t>(mine, {static_cast<int64_t>(mine.size())})).to_vector<int64_t>();
+  const size_t per = mine.size();
+  for (size_t i = 1; i < per; ++i)
+    for (int r = 1; r < n; ++r)
+      KILN_CHECK(all[r * per + i] == all[i], "DataParallel",
+                 "parameter '{}' ({}) differs between rank 0 and rank {} in name, shape or dtype; every rank must "
+                 "build the same model",
+                 named[i - 1].first, named[i - 1].second.str(), r);
+}
+
+}  // namespace
+
+class Reducer : public GradientReducer {
+ public:
+  explicit Reducer(std::vector<Tensor> params) : params_(std::move(params)) {}
+
+  void reduce(const std::vector<Tensor>& params, std::vector<Tensor>& grads, const std::vector<Tensor>& along) override {
+    if (no_sync || world_size() == 1) return;
+    // Gradients in this wrapper's parameter order (an optimizer may hold a subset, or more).
+    std::vector<Tensor> mine(params_.size());
+    std::vector<int> where(params_.size(), -1);
+    for (size_t i = 0; i < params.size(); ++i)
+      for (size_t k = 0; k < params_.size(); ++k)
+        if (TensorAccess::var(params[i]) == TensorAccess::var(params_[k])) mine[k] = grads[i], where[k] = static_cast<int>(i);
+    const BucketPlan plan = plan_buckets(params_);
+    // Every rank all-reduces every bucket, so a parameter without a gradient here (unused in
+    // this rank's forward) contributes zeros; one the optimizer does not hold is left out on
+    // every rank alike.
+    std::vector<Tensor> flats;
+    std::vector<std::vector<size_t>> members;
+    for (const auto& bucket : plan.buckets) {
+      std::vector<Tensor> parts;
+      std::vector<size_t> in;
+      for (size_t k : bucket) {
+        if (where[k] < 0) continue;
+        const Tensor g = mine[k].defined() ? mine[k] : zeros_like(params_[k]);
+        parts.push_back(g.reshape({g.numel()}));
+        in.push_back(k);
+      }
+      if (parts.empty()) continue;
+      flats.push_back(parts.size() == 1 ? parts[0] : concat(parts, 0));
+      members.push_back(std::move(in));
+    }
+    // One plan computes every bucket (and what the step realizes anyway), then the all-reduces.
+    std::vector<Tensor> realize = flats;
+    realize.insert(realize.end(), along.begin(), along.end());
+    sync(realize);
+    for (size_t b = 0; b < flats.size(); ++b) {
+      const Tensor reduced = all_reduce(flats[b], ReduceOp::Mean);
+      ++all_reduces;
+      int64_t offset = 0;
+      for (size_t k : members[b]) {
+        const int64_t n = params_[k].numel();
+        grads[static_cast<size_t>(where[k])] = reduced.slice(0, offset, offset + n).reshape(params_[k].shape());
+        offset += n;
+      }
+    }
+  }
+
+  std::vector<Tensor> params_;
+  bool no_sync = false;
+  int64_t all_reduces = 0;
+};
+
+DataParallel::DataParallel(nn::AnyModule module) : nn::Module(static_cast<const nn::Module&>(module)), module_(std::move(module)) {
+  init();
+  const nn::NamedTensors named = module_.named_parameters();
+  check_same_parameters(named);
+  if (world_size() > 1) {
+    NoGradGuard no_grad;
+    std::vector<Tensor> received;
+    for (auto [name, p] : named) {
+      Tensor value = broadcast(p, 0);
+      p.assign(value);
+      received.push_back(p);
+    }
+    for (auto [name, b] : module_.named_buffers()) {
+      b.assign(broadcast(b, 0));
+      received.push_back(b);
+    }
+    if (!received.empty()) sync(received);
+  }
+  std::vector<Tensor> params;
+  for (const auto& [name, p] : named) params.push_back(p);
+  reducer_ = std::make_shared<Reducer>(std::move(params));
+  for (const Tensor& p : reducer_->params_) set_gradient_reducer(p, reducer_);
+}
+
+BucketPlan DataParallel::bucket_plan() const { return plan_buckets(reducer_->params_); }
+int64_t DataParallel::all_reduce_count() const { return reducer_->all_reduces; }
+
+NoSyncGuard::NoSyncGuard(DataParallel& model) : reducer_(model.reducer_), previous_(reducer_->no_sync) {
+  reducer_->no_sync = true;
+}
+NoSyncGuard::~NoSyncGuard() { reducer_->no_sync = previous_; }
+
+}  // namespace kiln::distributed

@@ -50,8 +50,9 @@ void require_init(const char* op) {
 }
 
 // The tensor's values on the host, realized and contiguous (MPI reads them; nothing writes them).
+// Values only: a collective's result carries no gradient history.
 Tensor host_values(const Tensor& t) {
-  Tensor h = t.device().is_cpu() ? t : t.to(Device::cpu());
+  Tensor h = t.device().is_cpu() ? t.detach() : t.detach().to(Device::cpu());
   h.realize();
   return h;
 }

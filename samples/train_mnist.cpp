@@ -19,6 +19,13 @@
 // Data: Debian's dataset-fashion-mnist package (apt-get install dataset-fashion-mnist), or
 // --data DIR holding the four IDX .gz files. KILN_* flags apply (e.g. KILN_LOG=1, KILN_MEMORY_POOL).
 //
+// --data-parallel trains on every process mpirun starts (OpenMPI), each on its shard of every
+// epoch; --batch is per process, so a step learns from batch x processes examples. Gradients are
+// averaged over the processes (distributed::DataParallel); rank 0 alone prints, evaluates and saves.
+//   mpirun -np 2 ./build/samples/train_mnist --data-parallel        # as root: --allow-run-as-root
+// --accumulate K splits each batch into K micro-batches, one forward and backward each, and
+// steps once (one all-reduce per K micro-batches under --data-parallel).
+//
 // --device cuda trains on cuda:0: the model moves there once, each batch is copied there before
 // its forward (the data set stays in host memory), and the step runs as CUDA kernels and
 // cuBLAS/cuDNN calls; only the loss and the count of correct predictions come back each step.
@@ -85,6 +92,8 @@ struct Settings {
   double lr = 0.05;
   std::string model_name = "mlp", device = "cpu", save_path, load_path, csv_path, data_dir, amp = "none";
   uint64_t seed = 0;
+  bool data_parallel = false;
+  int64_t accumulate = 1;
 };
 
 // --amp: the type autocast runs matmuls and convolutions in (float32 when "none").
@@ -110,12 +119,23 @@ static void print_saved(nn::Module& model, const Tensor& x, const Tensor& labels
 
 static void fit(const Settings& settings, const data::Dataset& train_set, const data::Dataset& test) {
   const auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir,
-               amp, seed] = settings;
+               amp, seed, data_parallel, accumulate] = settings;
   const kiln::Device run_on = device == "cuda" ? kiln::Device::cuda(0) : kiln::Device::cpu();
+  namespace dist = kiln::distributed;
+  const bool lead = dist::rank() == 0;  // the rank that prints, evaluates and saves
   // Either model, held by value as "any module": forward dispatches to Mlp's or Cnn's.
   nn::AnyModule model = model_name == "cnn" ? nn::AnyModule(Cnn()) : nn::AnyModule(Mlp());
   model.to(run_on);  // before the optimizer: its momentum buffers are made on the parameters' device
-  std::cout << model << "\n";
+  if (lead) std::cout << model << "\n";
+  // Under --data-parallel the optimizer's steps average the gradients over the processes; the
+  // wrapper shares the model's parameters, so `model` trains too.
+  std::optional<dist::DataParallel> replicated;
+  if (data_parallel) {
+    replicated.emplace(model);
+    if (lead)
+      fmt::print("data parallel: {} processes, {} examples per step ({} each)\n", dist::world_size(),
+                 batch_size * dist::world_size(), batch_size);
+  }
   kiln::optim::SGD optimizer(model.parameters(), kiln::optim::SGDOptions(lr).momentum(0.9));
   // float16 gradients underflow without loss scaling; bfloat16 has float32's range and needs none.
   kiln::optim::GradScaler scaler(kiln::optim::GradScalerOptions().enabled(amp == "fp16"));
@@ -127,14 +147,15 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
       kiln::optim::load(optimizer, state_path);
       optimizer.set_lr(lr);  // the schedule below starts from --lr
     }
-    fmt::print("loaded {}{}\n", load_path, std::filesystem::exists(state_path) ? " and " + state_path : "");
+    if (lead) fmt::print("loaded {}{}\n", load_path, std::filesystem::exists(state_path) ? " and " + state_path : "");
   }
-  data::DataLoader loader(train_set, data::DataLoaderOptions(batch_size).shuffle(true).seed(seed).drop_last(true));
+  data::DataLoader loader(train_set, data::DataLoaderOptions(batch_size).shuffle(true).seed(seed).drop_last(true).sampler(
+                                         {dist::rank(), data_parallel ? dist::world_size() : 1}));
   int64_t total_steps = static_cast<int64_t>(loader.size()) * epochs;
   if (max_steps >= 0) total_steps = std::min(total_steps, max_steps);
   kiln::optim::CosineAnnealingLR schedule(optimizer, std::max<int64_t>(total_steps, 1));
   std::ofstream csv;
-  if (!csv_path.empty()) {
+  if (!csv_path.empty() && lead) {
     csv.open(csv_path);
     KILN_CHECK(csv.good(), "train_mnist", "cannot write {}", csv_path);
     csv << "step,loss\n";
@@ -147,19 +168,35 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
     int64_t step = 0, seen = 0, correct_total = 0;
     for (data::Batch& batch : loader) {
       Tensor loss, correct;
-      {  // no handle to the logits outlives the step: it would keep the update from running in place
+      const int64_t rows = batch.target.numel(), micro = (rows + accumulate - 1) / accumulate;
+      if (accumulate > 1) optimizer.zero_grad();
+      for (int64_t at = 0; at < rows; at += micro) {
+        // No handle to the logits outlives the step: it would keep the update from running in place.
         Tensor x = batch.input.to(run_on), labels = batch.target.to(run_on);  // no copy for the CPU
+        if (accumulate > 1) x = x.slice(0, at, std::min(rows, at + micro)), labels = labels.slice(0, at, std::min(rows, at + micro));
         std::optional<kiln::AutocastGuard> autocast;  // none: KILN_AMP still applies
         if (amp != "none") autocast.emplace(amp_dtype(amp));  // matmuls and convolutions in bf16/fp16
         Tensor logits = model.forward(x);
-        loss = nn::cross_entropy(logits, labels);
-        correct = count_correct(logits, labels);
-        if (global_step == 0 && amp != "none") print_saved(model, x, labels, loss);
+        Tensor part = nn::cross_entropy(logits, labels);
+        Tensor hits = count_correct(logits, labels);
+        if (global_step == 0 && at == 0 && amp != "none" && lead) print_saved(model, x, labels, part);
+        if (accumulate == 1) {
+          loss = part, correct = hits;
+          break;
+        }
+        // Each micro-batch's mean, weighted by its share of the batch: the gradients add up to
+        // the whole batch's mean.
+        const double share = static_cast<double>(labels.numel()) / static_cast<double>(rows);
+        scaler.scale(part * share).backward();
+        loss = loss.defined() ? loss + (part * share).detach() : (part * share).detach();
+        correct = correct.defined() ? correct + hits : hits;
       }
       // Forward, backward, update, loss and accuracy as one cached plan. step(loss) computes
       // the gradients itself, so they live only inside the plan; PyTorch's style,
-      // zero_grad(); loss.backward(); step({loss, correct}), works too but writes them to p.grad().
-      scaler.step(optimizer, loss, {correct});  // optimizer.step(loss, {correct}) when scaling is off
+      // zero_grad(); loss.backward(); step({loss, correct}), works too but writes them to p.grad()
+      // (as --accumulate does).
+      if (accumulate == 1) scaler.step(optimizer, loss, {correct});  // optimizer.step(loss, {correct}) when scaling is off
+      else scaler.step(optimizer, {loss, correct});
       scaler.update();
       schedule.step();
       double loss_value = loss.item();
@@ -169,19 +206,24 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
       ++global_step;
       if (csv.is_open()) csv << fmt::format("{},{:.9g}\n", global_step, loss_value);
       double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (step % 10 == 0 || step == static_cast<int64_t>(loader.size()))
+      if (lead && (step % 10 == 0 || step == static_cast<int64_t>(loader.size())))
         progress(epoch, step, static_cast<int64_t>(loader.size()), loss_value, 100.0 * correct_total / seen,
                  seen / seconds);
       if (global_step == max_steps) break;
     }
     train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     trained_examples += seen;
+    if (!lead) continue;  // the other ranks go on with the next epoch's steps (rank 0 joins them after this)
     accuracy = evaluate(model, test, run_on);
     fmt::print("\nepoch {}: test accuracy {:.2f}%\n", epoch, accuracy);
   }
+  if (!lead) return;
   fmt::print("test accuracy: {:.2f}%\n", accuracy);
-  fmt::print("training: {:.0f} examples/s ({} examples in {:.2f} s, first step included, evaluation excluded)\n",
-             trained_examples / std::max(train_seconds, 1e-9), trained_examples, train_seconds);
+  // Every process trains as fast as rank 0 (each step waits for all of them).
+  const int64_t processes = data_parallel ? dist::world_size() : 1;
+  fmt::print("training: {:.0f} examples/s ({} examples in {:.2f} s{}, first step included, evaluation excluded)\n",
+             processes * trained_examples / std::max(train_seconds, 1e-9), processes * trained_examples,
+             train_seconds, processes > 1 ? fmt::format(" on {} processes", processes) : "");
   if (!save_path.empty()) {
     nn::save(model, save_path);
     kiln::optim::save(optimizer, optimizer_path(save_path));
@@ -192,7 +234,8 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
 int main(int argc, char** argv) {
   CLI::App app{"Train an MLP or a CNN on Fashion-MNIST with kiln"};
   Settings s;
-  auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir, amp, seed] = s;
+  auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir, amp, seed,
+         data_parallel, accumulate] = s;
   app.add_option("--epochs", epochs, "passes over the training set")->check(CLI::PositiveNumber);
   app.add_option("--max-steps", max_steps, "stop after this many steps in all (-1: no limit)");
   app.add_option("--batch", batch_size, "examples per step")->check(CLI::PositiveNumber);
@@ -209,6 +252,10 @@ int main(int argc, char** argv) {
   app.add_option("--load", load_path, "start from these weights (and their optimizer state, if saved)");
   app.add_option("--log-csv", csv_path, "write step,loss per step to this CSV file");
   app.add_option("--data", data_dir, "folder with the Fashion-MNIST IDX files");
+  app.add_flag("--data-parallel", data_parallel,
+               "train on every process mpirun starts, each on its shard; --batch is per process");
+  app.add_option("--accumulate", accumulate, "micro-batches per step (gradient accumulation)")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   if (device == "cuda" && !kiln::cuda::available()) {
@@ -217,6 +264,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
+    if (data_parallel) kiln::distributed::init();
+    KILN_CHECK(accumulate <= batch_size, "train_mnist", "--accumulate {} needs at least as many examples per batch (--batch {})",
+               accumulate, batch_size);
     kiln::manual_seed(seed);
     if (data_dir.empty()) data_dir = data::default_fashion_mnist_dir();
     auto normalized = data::FashionMnistOptions().normalize();  // (x - 0.2860) / 0.3530
@@ -224,6 +274,7 @@ int main(int argc, char** argv) {
     data::FashionMnist test(data_dir, data::Split::Test, normalized);
 
     fit(s, train, test);
+    if (kiln::distributed::rank() != 0) return 0;
     const auto& jit = kiln::jit::stats();
     fmt::print("jit: {} kernels compiled, {} plan cache hits, {:.2f} s compiling\n", jit.kernels_compiled,
                jit.plan_cache_hits, jit.compile_seconds);

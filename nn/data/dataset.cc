@@ -113,6 +113,7 @@ class EpochRun {
       order_.resize(n);
       for (int64_t i = 0; i < n; ++i) order_[i] = i;
     }
+    order_ = shard_order(order_, options.sampler_);
     if (options_.prefetch_ > 0 && num_batches_ > 0) worker_ = std::thread([this] { work(); });
   }
 
@@ -226,12 +227,25 @@ DataLoader::DataLoader(const Dataset& dataset, DataLoaderOptions options)
   KILN_CHECK(options_.batch_size_ > 0, "DataLoader", "batch size must be positive, got {}",
              options_.batch_size_);
   KILN_CHECK(options_.prefetch_ >= 0, "DataLoader", "prefetch must be >= 0, got {}", options_.prefetch_);
+  const DistributedSampler& s = options_.sampler_;
+  KILN_CHECK(s.world >= 1 && s.rank >= 0 && s.rank < s.world, "DataLoader",
+             "DistributedSampler needs 0 <= rank < world, got rank {} of world {}", s.rank, s.world);
 }
 
 DataLoader::~DataLoader() = default;
 
+std::vector<int64_t> shard_order(const std::vector<int64_t>& order, const DistributedSampler& sampler) {
+  if (sampler.world == 1 || order.empty()) return order;
+  const int64_t n = static_cast<int64_t>(order.size()), per = (n + sampler.world - 1) / sampler.world;
+  std::vector<int64_t> mine;
+  mine.reserve(static_cast<size_t>(per));
+  for (int64_t k = 0; k < per; ++k) mine.push_back(order[static_cast<size_t>((sampler.rank + k * sampler.world) % n)]);
+  return mine;
+}
+
 int64_t DataLoader::size() const {
-  int64_t n = dataset_.size(), bs = options_.batch_size_;
+  const DistributedSampler& s = options_.sampler_;
+  int64_t n = dataset_.size() == 0 ? 0 : (dataset_.size() + s.world - 1) / s.world, bs = options_.batch_size_;
   return options_.drop_last_ ? n / bs : (n + bs - 1) / bs;
 }
 

@@ -71,6 +71,15 @@ struct Batch {
   std::vector<int64_t> indices;  // (B) dataset indices of the examples, in batch order
 };
 
+// Which share of each epoch a loader visits when `world` processes train together (data
+// parallel): the same seeded permutation on every rank, padded by its first elements to a
+// multiple of the world, then every world-th position from `rank` on (PyTorch's
+// DistributedSampler). Every rank gets ceil(n / world) examples; pass
+// distributed::rank() and world_size().
+struct DistributedSampler {
+  int64_t rank = 0, world = 1;
+};
+
 // Chainable options: DataLoaderOptions(128).seed(1).drop_last(true).
 struct DataLoaderOptions {
   explicit DataLoaderOptions(int64_t batch_size = 64) : batch_size_(batch_size) {}
@@ -80,17 +89,22 @@ struct DataLoaderOptions {
   DataLoaderOptions& drop_last(bool v) { drop_last_ = v; return *this; }
   // Gather batches on a background thread, up to `prefetch` ahead; 0 = gather on the caller.
   DataLoaderOptions& prefetch(int v) { prefetch_ = v; return *this; }
+  // Visit only this rank's share of each epoch (see DistributedSampler).
+  DataLoaderOptions& sampler(DistributedSampler v) { sampler_ = v; return *this; }
 
   int64_t batch_size_;
   bool shuffle_ = true;
   uint64_t seed_ = 0;
   bool drop_last_ = false;
   int prefetch_ = 2;
+  DistributedSampler sampler_;
 };
 
 // The permutation of 0..n-1 that epoch `epoch` visits with `seed` (identity when not shuffling).
 // Fixed algorithm (splitmix64 + Fisher-Yates), so the order is the same with every standard library.
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch);
+// This rank's share of an epoch's order (see DistributedSampler); `order` itself for a world of 1.
+std::vector<int64_t> shard_order(const std::vector<int64_t>& order, const DistributedSampler& sampler);
 
 class EpochRun;  // one epoch in flight: the order, the worker thread and its queue (dataset.cc)
 

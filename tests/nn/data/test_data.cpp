@@ -198,6 +198,36 @@ TEST_CASE("DataLoader: every example exactly once per epoch", "[data]") {
   }
 }
 
+TEST_CASE("DistributedSampler: the ranks' shards cover the epoch, padded to a multiple of the world", "[data][distributed]") {
+  for (int64_t n : {1, 10, 103}) {
+    for (int64_t world : {1, 2, 3, 4}) {
+      CAPTURE(n, world);
+      TensorDataset dataset = numbered_dataset(n);
+      const int64_t per = (n + world - 1) / world;
+      std::vector<int64_t> all;
+      for (int64_t rank = 0; rank < world; ++rank) {
+        DataLoader loader(dataset, DataLoaderOptions(4).seed(5).sampler({rank, world}));
+        loader.set_epoch(2);
+        CHECK(loader.size() == (per + 3) / 4);
+        std::vector<int64_t> mine;
+        for (Batch& b : loader) mine.insert(mine.end(), b.indices.begin(), b.indices.end());
+        CHECK(static_cast<int64_t>(mine.size()) == per);
+        all.insert(all.end(), mine.begin(), mine.end());
+      }
+      // Every example at least once; the padding repeats only the first world*per - n ones.
+      std::set<int64_t> unique(all.begin(), all.end());
+      CHECK(static_cast<int64_t>(unique.size()) == n);
+      CHECK(static_cast<int64_t>(all.size()) == per * world);
+      // The same permutation on every rank, dealt out round-robin.
+      std::vector<int64_t> order = epoch_order(n, 5, 2);
+      std::vector<int64_t> rank1 = shard_order(order, {world - 1, world});
+      CHECK(rank1.front() == order[static_cast<size_t>(world - 1) % order.size()]);
+    }
+  }
+  TensorDataset dataset = numbered_dataset(4);
+  CHECK_THROWS_WITH(DataLoader(dataset, DataLoaderOptions(2).sampler({2, 2})), Catch::Contains("0 <= rank < world"));
+}
+
 TEST_CASE("DataLoader: the background thread delivers what a synchronous pass does", "[data]") {
   TensorDataset dataset = numbered_dataset(257);
   for (int prefetch : {1, 2, 8}) {

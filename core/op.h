@@ -32,7 +32,9 @@ namespace kiln {
   X(Gather, Index) X(ScatterAdd, Index)                                                 \
   /* library ops: kernel boundaries computed by oneDNN / cuBLAS */                      \
   X(Matmul, Library) X(Conv2d, Library) X(Conv2dBackwardData, Library)                  \
-  X(Conv2dBackwardWeight, Library)
+  X(Conv2dBackwardWeight, Library)                                                      \
+  /* collectives: a kernel the executor starts and waits for (jit/collective.h) */      \
+  X(AllReduce, Library)
 
 enum class Op : uint8_t {
 #define KILN_OP_ENUM(name, kind) name,

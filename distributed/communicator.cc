@@ -8,9 +8,14 @@
 #include <cstring>
 #include <thread>
 
+#include <mutex>
+#include <unordered_map>
+
 #include "core/error.h"
 #include "core/flags.h"
+#include "jit/collective.h"
 #include "ops/ops.h"
+#include "ops/primitive.h"
 
 #if KILN_WITH_MPI
 // The C API only: OpenMPI's and MPICH's headers otherwise pull in C++ bindings that need a
@@ -103,7 +108,7 @@ void check_mpi(int code, const char* op) {
 }
 
 // Polls `request` until it completes or the collective timeout passes.
-void wait(MPI_Request& request, const char* op) {
+void wait_request(MPI_Request& request, const char* op) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto limit = std::chrono::duration<double>(flags().collective_timeout);
@@ -119,6 +124,49 @@ void wait(MPI_Request& request, const char* op) {
     if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
+
+// All-reduces inside plans (jit/collective.h): non-blocking on MPI_COMM_WORLD, polled.
+class MpiEngine : public jit::CollectiveEngine {
+ public:
+  int64_t start_all_reduce(void* data, int64_t count, DType dtype, int64_t op) override {
+    const char* name = "distributed::all_reduce";
+    KILN_CHECK(count <= INT32_MAX, name, "{} elements are more than one MPI call takes (2^31 - 1); use smaller buckets",
+               count);
+    MPI_Request request;
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), mpi_type(dtype, name),
+                             mpi_op(op == 2 ? ReduceOp::Max : ReduceOp::Sum, dtype), MPI_COMM_WORLD, &request),
+              name);
+    std::lock_guard<std::mutex> lock(mutex_);
+    requests_.emplace(next_, request);
+    return next_++;
+  }
+
+  void wait(int64_t handle) override {
+    MPI_Request request;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = requests_.find(handle);
+      KILN_CHECK(it != requests_.end(), "distributed::all_reduce", "no collective in flight with handle {}", handle);
+      request = it->second;
+      requests_.erase(it);
+    }
+    wait_request(request, "distributed::all_reduce");
+  }
+
+  void progress() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [handle, request] : requests_) {
+      int done = 0;
+      // A completed request becomes MPI_REQUEST_NULL, which wait() then finds done at once.
+      MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<int64_t, MPI_Request> requests_;
+  int64_t next_ = 0;
+};
 
 #endif  // KILN_WITH_MPI
 
@@ -166,6 +214,10 @@ void init() {
     check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &w.rank), "distributed::init");
     check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &w.size), "distributed::init");
     w.mpi = true;
+    if (w.size > 1) {
+      static MpiEngine engine;  // never destroyed before the plans that may use it
+      jit::set_collective_engine(&engine);
+    }
   }
 #else
   KILN_CHECK(launched <= 1, "distributed::init",
@@ -187,7 +239,7 @@ void barrier() {
   if (!world().mpi) return;
   MPI_Request request;
   check_mpi(MPI_Ibarrier(MPI_COMM_WORLD, &request), "distributed::barrier");
-  wait(request, "distributed::barrier");
+  wait_request(request, "distributed::barrier");
 #endif
 }
 
@@ -195,7 +247,13 @@ Tensor all_reduce(const Tensor& t, ReduceOp op) {
   const char* name = "distributed::all_reduce";
   require_init(name);
   check_reduce(t, op, name);
+  if (world().size == 1) return t;
   if (is_half(t.dtype())) return reduce_wide(t, op, all_reduce);
+  if (t.device().is_cpu() && t.dtype() != DType::Bool) {
+    // Host tensors: a node of the lazy graph, run where the plan needs it (jit/collective.h).
+    Tensor sum = prim::all_reduce(t, op == ReduceOp::Max ? 2 : 0, world().size);
+    return op == ReduceOp::Mean ? sum / static_cast<double>(world().size) : sum;
+  }
   Tensor in = host_values(t);
   Tensor out = fresh_host(t.shape(), t.dtype());
   const size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
@@ -208,7 +266,7 @@ Tensor all_reduce(const Tensor& t, ReduceOp op) {
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, writable(out), static_cast<int>(t.numel()), mpi_type(t.dtype(), name),
                              mpi_op(op, t.dtype()), MPI_COMM_WORLD, &request),
               name);
-    wait(request, name);
+    wait_request(request, name);
   }
 #endif
   if (op == ReduceOp::Mean && world().size > 1) out = (out / static_cast<double>(world().size)).realize();
@@ -228,7 +286,7 @@ Tensor broadcast(const Tensor& t, int root) {
     KILN_CHECK(bytes <= INT32_MAX, name, "{} is over 2 GiB, more than one MPI call takes; split it", t.str());
     MPI_Request request;
     check_mpi(MPI_Ibcast(writable(out), static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD, &request), name);
-    wait(request, name);
+    wait_request(request, name);
   }
 #endif
   return like_input(out, t);
@@ -250,7 +308,7 @@ Tensor all_gather(const Tensor& t) {
     check_mpi(MPI_Iallgather(in.data(), static_cast<int>(bytes), MPI_BYTE, writable(out), static_cast<int>(bytes),
                              MPI_BYTE, MPI_COMM_WORLD, &request),
               name);
-    wait(request, name);
+    wait_request(request, name);
     return like_input(out, t);
   }
 #endif
@@ -278,7 +336,7 @@ Tensor reduce_scatter(const Tensor& t, ReduceOp op) {
     check_mpi(MPI_Ireduce_scatter_block(in.data(), writable(out), static_cast<int>(block), mpi_type(t.dtype(), name),
                                         mpi_op(op, t.dtype()), MPI_COMM_WORLD, &request),
               name);
-    wait(request, name);
+    wait_request(request, name);
     if (op == ReduceOp::Mean) out = (out / static_cast<double>(n)).realize();
     return like_input(out, t);
   }
@@ -298,7 +356,7 @@ void send(const Tensor& t, int to, int tag) {
   KILN_CHECK(bytes <= INT32_MAX, name, "{} is over 2 GiB, more than one MPI call takes; split it", t.str());
   MPI_Request request;
   check_mpi(MPI_Isend(in.data(), static_cast<int>(bytes), MPI_BYTE, to, tag, MPI_COMM_WORLD, &request), name);
-  wait(request, name);
+  wait_request(request, name);
 #else
   (void)t, (void)tag;
 #endif
@@ -315,7 +373,7 @@ Tensor recv(const Shape& shape, DType dtype, int from, int tag) {
   KILN_CHECK(bytes <= INT32_MAX, name, "{} elements of {} are over 2 GiB; split them", numel(shape), dtype_name(dtype));
   MPI_Request request;
   check_mpi(MPI_Irecv(writable(out), static_cast<int>(bytes), MPI_BYTE, from, tag, MPI_COMM_WORLD, &request), name);
-  wait(request, name);
+  wait_request(request, name);
 #else
   (void)tag;
 #endif

@@ -30,9 +30,17 @@ void barrier();
 
 // Collectives: every rank calls them in the same order with tensors of the same shape and dtype
 // (all_gather: the same dtype and trailing shape); each waits at most KILN_COLLECTIVE_TIMEOUT
-// seconds for the others and then throws. They realize their input and return realized host
-// tensors. float16/bfloat16 travel as their bits and are reduced in float32 (exact for Max).
+// seconds for the others and then throws. In a world of 1 each returns its input's values.
+//
+// all_reduce of a host tensor is lazy, a node of the graph like any op (with a gradient: the
+// all-reduced output gradient, for a sum or mean): the plan that needs its value starts it as
+// soon as its input is computed and waits for it just before the first kernel that reads the
+// result, running the kernels in between meanwhile. Every rank must realize it (in whatever plan)
+// for any to finish. On a CUDA tensor it runs at once, through the host, without gradient.
+// float16/bfloat16 are reduced in float32 (MPI has no such types).
 Tensor all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum);
+// These run at once: they realize their input and return realized tensors on its device
+// (values only: no gradient flows through them).
 Tensor broadcast(const Tensor& t, int root = 0);  // rank root's value on every rank
 Tensor all_gather(const Tensor& t);               // every rank's t, concatenated along axis 0
 // The reduction of every rank's t, split along axis 0 (whose size must divide by the world):

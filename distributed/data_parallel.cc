@@ -109,10 +109,16 @@ class Reducer : public GradientReducer {
       flats.push_back(parts.size() == 1 ? parts[0] : concat(parts, 0));
       members.push_back(std::move(in));
     }
-    // One plan computes every bucket (and what the step realizes anyway), then the all-reduces.
-    std::vector<Tensor> realize = flats;
-    realize.insert(realize.end(), along.begin(), along.end());
-    sync(realize);
+    // Host gradients: lazy all-reduces in the step's own plan, each started as soon as its
+    // bucket's gradients are computed, waited for before the updates (the rest of the backward
+    // runs meanwhile). Elsewhere: one plan computes every bucket (and what the step realizes
+    // anyway), then the all-reduces run through the host.
+    const bool lazy = std::all_of(flats.begin(), flats.end(), [](const Tensor& f) { return f.device().is_cpu(); });
+    if (!lazy) {
+      std::vector<Tensor> realize = flats;
+      realize.insert(realize.end(), along.begin(), along.end());
+      sync(realize);
+    }
     for (size_t b = 0; b < flats.size(); ++b) {
       const Tensor reduced = all_reduce(flats[b], ReduceOp::Mean);
       ++all_reduces;

@@ -55,6 +55,27 @@ void defer_updates(std::vector<NodePtr>& nodes) {
   for (int i = 0; i < n; ++i) nodes[i]->visit_index = i;
 }
 
+// Moves everything that reads an all-reduce's result (directly or not) after everything that
+// does not, keeping both groups in order: a collective starts as soon as its input is computed,
+// and the kernels that need no result of it (the rest of a backward pass) run before the first
+// wait. What stays in front reads nothing from behind, so the order remains topological.
+void defer_collective_readers(std::vector<NodePtr>& nodes) {
+  const size_t n = nodes.size();
+  std::vector<char> reads(n, 0);
+  bool any = false;
+  for (size_t i = 0; i < n; ++i)
+    for (const NodePtr& in : nodes[i]->inputs)
+      if (!in->realized() && (in->op == Op::AllReduce || reads[in->visit_index])) reads[i] = 1, any = true;
+  if (!any) return;
+  std::vector<NodePtr> order;
+  order.reserve(n);
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t i = 0; i < n; ++i)
+      if (reads[i] == pass) order.push_back(nodes[i]);
+  nodes = std::move(order);
+  for (size_t i = 0; i < n; ++i) nodes[i]->visit_index = static_cast<int64_t>(i);
+}
+
 // The plan cache's key: everything that changes the generated code (ops, dtypes, shapes,
 // devices, attributes, wiring, which outputs replace which inputs), nothing that is data. Raw
 // bytes, not text: this runs on every realize and must cost microseconds. Also fills
@@ -155,6 +176,7 @@ PendingGraph collect_pending(const std::vector<NodePtr>& targets) {
     memory::order_for_recompute(g.nodes);
   else
     defer_updates(g.nodes);
+  defer_collective_readers(g.nodes);
   std::vector<bool> is_output(g.nodes.size(), false);
   for (const NodePtr& t : targets)
     if (!t->realized()) is_output[t->visit_index] = true;

@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
@@ -13,6 +14,7 @@
 #include "core/tensor.h"
 #include "jit/backend.h"
 #include "jit/collect.h"
+#include "jit/collective.h"
 #include "jit/lower.h"
 #include "jit/plan.h"
 #include "jit/schedule.h"
@@ -24,6 +26,76 @@
 namespace kiln::jit {
 
 namespace {
+
+// The collectives a run has started and not yet waited for, by the plan slot they write.
+class InFlight {
+ public:
+  bool empty() const { return pending_.empty(); }
+
+  // Copies the input into the output buffer and starts the all-reduce there, in place: the
+  // input may die at once (the planner reuses its memory), the output lives until its readers.
+  void start(const Kernel& kernel, void* const* ptrs, Device device) {
+    CollectiveEngine* engine = collective_engine();
+    KILN_CHECK(engine != nullptr, "all_reduce",
+               "a plan holds an all-reduce but no world of several processes is joined; call "
+               "kiln::distributed::init() under mpirun");
+    KILN_CHECK(device.is_cpu(), "all_reduce", "all-reduces inside a plan run on host tensors; got {}", device.str());
+    const int out = kernel.buffers[0].slot, in = kernel.buffers[kernel.collective.in_buffer].slot;
+    const size_t bytes = static_cast<size_t>(kernel.out_numel) * dtype_size(kernel.buffers[0].dtype);
+    if (ptrs[out] != ptrs[in] && bytes > 0) std::memcpy(ptrs[out], ptrs[in], bytes);
+    pending_.push_back({out, engine->start_all_reduce(ptrs[out], kernel.out_numel, kernel.buffers[0].dtype,
+                                                      kernel.collective.op),
+                        &kernel});
+  }
+
+  // Waits for the collectives whose buffer `kernel` touches; lets the others advance.
+  void wait_for(const Kernel& kernel) {
+    for (size_t i = 0; i < pending_.size();) {
+      bool touched = false;
+      for (const KernelBuffer& b : kernel.buffers) touched |= b.slot == pending_[i].slot;
+      if (touched) {
+        finish(pending_[i]);
+        pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+    if (!pending_.empty()) collective_engine()->progress();
+  }
+
+  void wait_all() {
+    for (const Pending& p : pending_) finish(p);
+    pending_.clear();
+  }
+
+  // After a failed kernel: the other ranks still take part in every started collective, so each
+  // is waited for (bounded by the collective timeout); their errors give way to the first one.
+  void abandon() noexcept {
+    for (const Pending& p : pending_) {
+      try {
+        collective_engine()->wait(p.handle);
+      } catch (...) {
+      }
+    }
+    pending_.clear();
+  }
+
+ private:
+  struct Pending {
+    int slot;
+    int64_t handle;
+    const Kernel* kernel;
+  };
+  static void finish(const Pending& p) {
+    auto start = std::chrono::steady_clock::now();
+    collective_engine()->wait(p.handle);
+    if (flags().log >= 2)
+      fmt::print(stderr, "[kiln]   {:<10} {:>9.1f} us  wait {}\n", p.kernel->name,
+                 std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count(),
+                 p.kernel->summary);
+  }
+  std::vector<Pending> pending_;
+};
 
 std::mutex g_mutex;
 // Never destroyed: a CUDA plan's kernels must not be unloaded after the CUDA runtime shut down.
@@ -153,10 +225,17 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
   }
   std::unique_ptr<KernelRun> run = plan.kernels ? plan.kernels->start(scalars, int_scalars) : nullptr;
 
+  // Collectives in flight: started where the schedule put them, waited for before the first
+  // kernel that reads (or overwrites) their buffer, and all of them before the run ends.
+  InFlight in_flight;
+  try {
   for (size_t k = 0; k < s.kernels.size(); ++k) {
     const Kernel& kernel = s.kernels[k];
+    if (!in_flight.empty()) in_flight.wait_for(kernel);
     auto start = std::chrono::steady_clock::now();
-    if (is_library(kernel.kind)) backend.run_library(kernel, ptrs.data(), device);
+    if (!in_flight.empty()) stats().kernels_during_collectives++;
+    if (kernel.kind == KernelKind::Collective) in_flight.start(kernel, ptrs.data(), device), stats().collectives_started++;
+    else if (is_library(kernel.kind)) backend.run_library(kernel, ptrs.data(), device);
     else run->launch(k, ptrs.data());
     stats().kernels_run++;
     if (static_cast<int>(k) == plan.last_fallible) run->check_errors();
@@ -172,6 +251,11 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
       for (auto [offset, bytes] : plan.dies_after[k])
         memory::device_allocator(device).fill(static_cast<char*>(arena->data) + offset, 0xff,
                                               static_cast<size_t>(bytes));
+  }
+  in_flight.wait_all();
+  } catch (...) {
+    in_flight.abandon();  // the other ranks finish their part; nothing here reads the results
+    throw;
   }
   // Commit only after every kernel succeeded: a failed run leaves all tensors as they were.
   for (size_t i = 0; i < s.slots.size(); ++i) {

@@ -18,9 +18,12 @@ enum class KernelKind : uint8_t {
   Scatter,      // out = 0; out[.. index(i) ..] += value(i)
   Matmul,       // library calls; no generated code
   Conv,
+  Collective,   // started by the executor, waited for before its first reader (jit/collective.h)
 };
 
-constexpr bool is_library(KernelKind k) { return k == KernelKind::Matmul || k == KernelKind::Conv; }
+constexpr bool is_library(KernelKind k) {
+  return k == KernelKind::Matmul || k == KernelKind::Conv || k == KernelKind::Collective;
+}
 
 // One SSA value of the per-element computation.
 struct Expr {
@@ -73,6 +76,12 @@ struct ConvCall {
   ConvGeometry geometry;
 };
 
+// An all-reduce: the input buffer's values, reduced over the ranks into the output buffer.
+struct CollectiveCall {
+  int in_buffer = -1;  // kernel buffer
+  int64_t op = 0;      // 0 sum, 2 max (as prim::all_reduce)
+};
+
 // A further output of an elementwise kernel: value `value` stored into buffer `buffer` (marked
 // written) at the kernel's store index.
 struct SideStore {
@@ -97,6 +106,7 @@ struct Kernel {
   int64_t out_numel = 0;
   MatmulCall matmul;
   ConvCall conv;
+  CollectiveCall collective;
   std::string summary;                // one line for KILN_LOG, e.g. "Exp Mul Add [1024, 1024]"
 };
 

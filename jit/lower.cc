@@ -406,6 +406,17 @@ int contiguous_operand(Lowerer& s, Kernel& k, const Node* in) {
   return KernelBuilder(s, k).buffer(s.slot_of.at(node), node->dtype);
 }
 
+Kernel build_collective(Lowerer& s, const Node* node, int slot) {
+  Kernel k;
+  k.kind = KernelKind::Collective;
+  KernelBuilder(s, k).buffer(slot, node->dtype, true);
+  k.collective.in_buffer = contiguous_operand(s, k, node->inputs[0].get());
+  k.collective.op = node->ints[0];
+  k.out_numel = node->numel();
+  k.summary = fmt::format("AllReduce {} [{}]", node->ints[0] == 0 ? "sum" : "max", node->numel());
+  return k;
+}
+
 Kernel build_conv(Lowerer& s, const Node* node, int slot) {
   Kernel k;
   k.kind = KernelKind::Conv;
@@ -460,6 +471,10 @@ bool Lowerer::build_kernels() {
         if (k.out_numel == 1 && !all_affine(k)) k = build_reduce(*this, node, slot, false);
         break;
       case OpKind::Library: {
+        if (node->op == Op::AllReduce) {
+          k = build_collective(*this, node, slot);
+          break;
+        }
         if (node->op != Op::Matmul) {
           k = build_conv(*this, node, slot);
           break;

@@ -68,7 +68,7 @@ inline constexpr OpPatterns kSharedPatterns = {{
     {Op::ReduceSum, nullptr, nullptr}, {Op::ReduceMax, nullptr, nullptr},
     {Op::Gather, nullptr, nullptr}, {Op::ScatterAdd, nullptr, nullptr},
     {Op::Matmul, nullptr, nullptr}, {Op::Conv2d, nullptr, nullptr}, {Op::Conv2dBackwardData, nullptr, nullptr},
-    {Op::Conv2dBackwardWeight, nullptr, nullptr},
+    {Op::Conv2dBackwardWeight, nullptr, nullptr}, {Op::AllReduce, nullptr, nullptr},
 }};
 
 // `table` with the entries of `math` replacing those of their ops.

@@ -14,8 +14,9 @@
 
 namespace kiln::jit {
 
-// The compilers count compiles and cache hits; the executor counts kernels_run, plan_cache_hits
-// and plans_built.
+// The compilers count compiles and cache hits; the executor counts kernels_run, plan_cache_hits,
+// plans_built and the collectives: those started, and the kernels run while one was in flight
+// (the overlap of communication with computation).
 struct JitStats {
   int64_t kernels_run = 0;
   int64_t kernels_compiled = 0;
@@ -25,6 +26,8 @@ struct JitStats {
   int64_t plan_cache_hits = 0;
   int64_t plans_built = 0;
   double compile_seconds = 0;
+  int64_t collectives_started = 0;
+  int64_t kernels_during_collectives = 0;
 };
 
 JitStats& stats();

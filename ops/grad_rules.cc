@@ -188,6 +188,12 @@ Grads conv2d_backward_weight_grad(const NodePtr& n, const Tensor& g) {
   Tensor x = in(n, 0), gy = in(n, 1);
   return {prim::conv2d_backward_data(gy, g, x.shape(), n->ints), prim::conv2d(x, g, n->ints)};
 }
+// Every rank's sum reads every rank's input: each input's gradient is the sum of all ranks'
+// output gradients. A maximum's would need to know which rank won; it has none yet.
+Grads all_reduce_grad(const NodePtr& n, const Tensor& g) {
+  KILN_CHECK(n->ints[0] == 0, "all_reduce", "only a sum (or mean) all-reduce has a gradient; got a maximum");
+  return {prim::all_reduce(g, 0, n->ints[1])};
+}
 
 struct GradEntry {
   Op op;
@@ -209,7 +215,7 @@ constexpr GradEntry kGradRules[] = {
     {Op::ReduceSum, sum_grad}, {Op::ReduceMax, reduce_max_grad},
     {Op::Gather, gather_grad}, {Op::ScatterAdd, scatter_add_grad},
     {Op::Matmul, matmul_grad}, {Op::Conv2d, conv2d_grad}, {Op::Conv2dBackwardData, conv2d_backward_data_grad},
-    {Op::Conv2dBackwardWeight, conv2d_backward_weight_grad},
+    {Op::Conv2dBackwardWeight, conv2d_backward_weight_grad}, {Op::AllReduce, all_reduce_grad},
 };
 
 constexpr bool covers_every_op() {

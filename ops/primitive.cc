@@ -223,6 +223,12 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return make(Op::Matmul, a.dtype(), {a.shape()[0], a.shape()[1], b.shape()[2]}, {a, b});
 }
 
+Tensor all_reduce(const Tensor& x, int64_t op, int64_t world) {
+  KILN_CHECK((op == 0 || op == 2) && world > 1, "all_reduce", "op must be 0 (sum) or 2 (max) in a world of 2 or more, got {} in {}",
+             op, world);
+  return make(Op::AllReduce, x.dtype(), x.shape(), {x}, {op, world});
+}
+
 namespace {
 
 // Output extent of a convolution along one axis, as in PyTorch; < 1 when the window does not fit.

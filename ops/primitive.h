@@ -42,6 +42,9 @@ Tensor scatter_add(const Shape& shape, int64_t axis, const Tensor& index, const 
 
 // (B, M, K) @ (B, K, N) -> (B, M, N)
 Tensor matmul(const Tensor& a, const Tensor& b);
+// The element-wise sum (op 0) or maximum (op 2) of `x` over the `world` processes of the
+// communicator, recorded as a node the executor runs as a collective (jit/collective.h).
+Tensor all_reduce(const Tensor& x, int64_t op, int64_t world);
 
 // 2-D convolution and its two adjoints over contiguous NCHW data, weight (OC, C / groups, KH, KW).
 // conv = {stride h, w, padding h, w, dilation h, w, groups}; shapes are checked by the caller

@@ -104,9 +104,9 @@ void Optimizer::reduce_gradients(std::vector<Tensor>& grads, const std::vector<T
 
 void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, const Tensor& skip) {
   resize_state();
-  reduce_gradients(grads, extra);
   NoGradGuard no_grad;
   AutocastGuard no_autocast(false);  // updates run in the parameters' type
+  reduce_gradients(grads, extra);
   // State tensors start as realized zeros, so the first step's graph is the same as every
   // later one's and the plan cache serves all of them.
   std::vector<Tensor> fresh;

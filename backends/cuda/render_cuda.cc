@@ -475,7 +475,8 @@ std::vector<CudaLaunch> CudaKernelRenderer::render(std::string& out) {
       break;
     case KernelKind::Scatter: scatter(out, launches); break;
     case KernelKind::Matmul:
-    case KernelKind::Conv: break;
+    case KernelKind::Conv:
+    case KernelKind::Collective: break;
   }
   return launches;
 }

@@ -154,3 +154,24 @@ TEST_CASE("DataParallel names a parameter that differs between ranks", "[distrib
   };
   CHECK_THROWS_WITH(dist::DataParallel(Odd()), Catch::Contains("parameter 'w'") && Catch::Contains("differs"));
 }
+
+TEST_CASE("a data parallel step overlaps its all-reduces with the rest of the backward", "[distributed][train]") {
+  dist::init();
+  if (dist::world_size() == 1) return;
+  FlagsGuard guard;
+  flags().bucket_mb = 0.0001;  // one bucket per tensor: the last layer's starts long before the first's backward
+  const int me = dist::rank();
+  Mlp local(11);
+  dist::DataParallel model(local);
+  optim::SGD opt(model.parameters(), optim::SGDOptions(0.05).momentum(0.9));
+  auto [x, y] = global_batch(0, dist::world_size());
+  Tensor xs = x.slice(0, 4 * me, 4 * me + 4), ys = y.slice(0, 4 * me, 4 * me + 4);
+  opt.step(loss_of(model, xs, ys));  // the first step also makes the momentum buffers
+  const jit::JitStats before = jit::stats();
+  opt.step(loss_of(model, xs, ys));
+  const jit::JitStats after = jit::stats();
+  CHECK(after.collectives_started - before.collectives_started == 4);  // in the step's one plan
+  CHECK(after.plans_built + after.plan_cache_hits - before.plans_built - before.plan_cache_hits == 1);
+  // The earlier layers' backward kernels ran while the last layers' gradients travelled.
+  CHECK(after.kernels_during_collectives - before.kernels_during_collectives >= 3);
+}

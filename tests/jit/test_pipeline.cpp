@@ -10,6 +10,7 @@
 #include "jit/executor.h"
 #include "jit/schedule.h"
 #include "memory/planner.h"
+#include "ops/primitive.h"
 #include "backends/cuda/cuda_runtime.h"
 
 using namespace kiln;
@@ -94,4 +95,24 @@ TEST_CASE("planner: an in-place pair reports the buffer it handed on", "[planner
   // Without the in-place permission nothing is handed on.
   r[1].in_place_of = -1;
   CHECK(memory::plan_memory(r).handed_on == std::vector<bool>{false, false, false});
+}
+
+TEST_CASE("an all-reduce starts as soon as its input is computed and its readers run last", "[jit][lower]") {
+  Tensor a = rand({64}) * 2.0;
+  Tensor reduced = prim::all_reduce(a, 0, 2);  // lowered only: no world is needed to plan it
+  Tensor independent = exp(rand({1000})).sum();
+  Tensor y = reduced + 1.0;
+  jit::Program program = jit::lower_for({y.node(), independent.node()});
+  int collective = -1, reader = -1, other = -1;
+  for (size_t k = 0; k < program.kernels.size(); ++k) {
+    const jit::Kernel& kernel = program.kernels[k];
+    if (kernel.kind == jit::KernelKind::Collective) collective = static_cast<int>(k);
+    else if (kernel.kind == jit::KernelKind::Reduce) other = static_cast<int>(k);
+    else if (collective >= 0 && kernel.summary.find("Add") != std::string::npos) reader = static_cast<int>(k);
+  }
+  REQUIRE(collective >= 0);
+  REQUIRE(reader >= 0);
+  REQUIRE(other >= 0);
+  CHECK(collective < other);  // y was asked for first, yet the independent sum runs in between
+  CHECK(other < reader);
 }

@@ -1,0 +1,30 @@
+// Collectives inside a plan. An AllReduce node is a kernel of its own that the executor starts
+// where the schedule put it (as soon as its input is computed) and waits for only before the
+// first kernel that reads its result, so the kernels in between (the rest of a backward pass)
+// run while the bytes travel. The engine that moves them (MPI, distributed/communicator.cc)
+// registers itself here, so the JIT does not depend on it.
+#pragma once
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace kiln::jit {
+
+class CollectiveEngine {
+ public:
+  virtual ~CollectiveEngine() = default;
+  // Starts a sum (op 0) or maximum (op 2) all-reduce of `count` elements of `dtype` in place on
+  // host memory `data`; returns a handle for wait().
+  virtual int64_t start_all_reduce(void* data, int64_t count, DType dtype, int64_t op) = 0;
+  // Blocks until the collective `handle` has finished (or throws after the collective timeout).
+  virtual void wait(int64_t handle) = 0;
+  // Lets collectives in flight advance (MPI moves bytes only inside its calls); cheap.
+  virtual void progress() = 0;
+};
+
+// The engine plans run their collectives on; null until distributed::init() joins a world of
+// more than one process.
+void set_collective_engine(CollectiveEngine* engine);
+CollectiveEngine* collective_engine();
+
+}  // namespace kiln::jit

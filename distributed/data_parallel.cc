@@ -10,6 +10,7 @@
 #include "core/flags.h"
 #include "distributed/communicator.h"
 #include "ops/ops.h"
+#include "ops/primitive.h"
 
 namespace kiln::distributed {
 
@@ -94,33 +95,42 @@ class Reducer : public GradientReducer {
     // Every rank all-reduces every bucket, so a parameter without a gradient here (unused in
     // this rank's forward) contributes zeros; one the optimizer does not hold is left out on
     // every rank alike.
-    std::vector<Tensor> flats;
+    std::vector<std::vector<Tensor>> parts;
     std::vector<std::vector<size_t>> members;
     for (const auto& bucket : plan.buckets) {
-      std::vector<Tensor> parts;
+      std::vector<Tensor> in_bucket;
       std::vector<size_t> in;
       for (size_t k : bucket) {
         if (where[k] < 0) continue;
-        const Tensor g = mine[k].defined() ? mine[k] : zeros_like(params_[k]);
-        parts.push_back(g.reshape({g.numel()}));
+        in_bucket.push_back(mine[k].defined() ? mine[k] : zeros_like(params_[k]));
         in.push_back(k);
       }
-      if (parts.empty()) continue;
-      flats.push_back(parts.size() == 1 ? parts[0] : concat(parts, 0));
+      if (in_bucket.empty()) continue;
+      parts.push_back(std::move(in_bucket));
       members.push_back(std::move(in));
     }
-    // Host gradients: lazy all-reduces in the step's own plan, each started as soon as its
-    // bucket's gradients are computed, waited for before the updates (the rest of the backward
-    // runs meanwhile). Elsewhere: one plan computes every bucket (and what the step realizes
-    // anyway), then the all-reduces run through the host.
-    const bool lazy = std::all_of(flats.begin(), flats.end(), [](const Tensor& f) { return f.device().is_cpu(); });
-    if (!lazy) {
-      std::vector<Tensor> realize = flats;
-      realize.insert(realize.end(), along.begin(), along.end());
-      sync(realize);
-    }
-    for (size_t b = 0; b < flats.size(); ++b) {
-      const Tensor reduced = all_reduce(flats[b], ReduceOp::Mean);
+    const int world = world_size();
+    for (size_t b = 0; b < parts.size(); ++b) {
+      Tensor reduced;
+      if (parts[b][0].device().is_cpu()) {
+        // Host gradients: one lazy all-reduce per bucket in the step's own plan, started as soon
+        // as the bucket's gradients are computed and waited for before the updates that read it;
+        // the rest of the backward runs meanwhile. The executor packs the parts (no concat kernel).
+        reduced = prim::all_reduce(parts[b], 0, world) / static_cast<double>(world);
+      } else {
+        // Device gradients go through the host: computed first (with what the step realizes
+        // anyway, so nothing is computed twice), then reduced.
+        if (b == 0) {
+          std::vector<Tensor> realize;
+          for (const auto& p : parts)
+            for (const Tensor& g : p) realize.push_back(g);
+          realize.insert(realize.end(), along.begin(), along.end());
+          sync(realize);
+        }
+        std::vector<Tensor> flat;
+        for (const Tensor& g : parts[b]) flat.push_back(g.reshape({g.numel()}));
+        reduced = all_reduce(flat.size() == 1 ? flat[0] : concat(flat, 0), ReduceOp::Mean);
+      }
       ++all_reduces;
       int64_t offset = 0;
       for (size_t k : members[b]) {

@@ -32,17 +32,23 @@ class InFlight {
  public:
   bool empty() const { return pending_.empty(); }
 
-  // Copies the input into the output buffer and starts the all-reduce there, in place: the
-  // input may die at once (the planner reuses its memory), the output lives until its readers.
+  // Packs the inputs into the output buffer and starts the all-reduce there, in place: the
+  // inputs may die at once (the planner reuses their memory), the output lives until its readers.
   void start(const Kernel& kernel, void* const* ptrs, Device device) {
     CollectiveEngine* engine = collective_engine();
     KILN_CHECK(engine != nullptr, "all_reduce",
                "a plan holds an all-reduce but no world of several processes is joined; call "
                "kiln::distributed::init() under mpirun");
     KILN_CHECK(device.is_cpu(), "all_reduce", "all-reduces inside a plan run on host tensors; got {}", device.str());
-    const int out = kernel.buffers[0].slot, in = kernel.buffers[kernel.collective.in_buffer].slot;
-    const size_t bytes = static_cast<size_t>(kernel.out_numel) * dtype_size(kernel.buffers[0].dtype);
-    if (ptrs[out] != ptrs[in] && bytes > 0) std::memcpy(ptrs[out], ptrs[in], bytes);
+    const int out = kernel.buffers[0].slot;
+    const size_t element = dtype_size(kernel.buffers[0].dtype);
+    char* to = static_cast<char*>(ptrs[out]);
+    for (size_t i = 0; i < kernel.collective.in_buffers.size(); ++i) {
+      const void* from = ptrs[kernel.buffers[kernel.collective.in_buffers[i]].slot];
+      const size_t bytes = static_cast<size_t>(kernel.collective.counts[i]) * element;
+      if (from != to && bytes > 0) std::memcpy(to, from, bytes);
+      to += bytes;
+    }
     pending_.push_back({out, engine->start_all_reduce(ptrs[out], kernel.out_numel, kernel.buffers[0].dtype,
                                                       kernel.collective.op),
                         &kernel});
@@ -89,6 +95,7 @@ class InFlight {
   static void finish(const Pending& p) {
     auto start = std::chrono::steady_clock::now();
     collective_engine()->wait(p.handle);
+    stats().collective_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (flags().log >= 2)
       fmt::print(stderr, "[kiln]   {:<10} {:>9.1f} us  wait {}\n", p.kernel->name,
                  std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count(),

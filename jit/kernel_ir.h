@@ -76,10 +76,12 @@ struct ConvCall {
   ConvGeometry geometry;
 };
 
-// An all-reduce: the input buffer's values, reduced over the ranks into the output buffer.
+// An all-reduce: the input buffers' values laid end to end in the output buffer, reduced over the
+// ranks there.
 struct CollectiveCall {
-  int in_buffer = -1;  // kernel buffer
-  int64_t op = 0;      // 0 sum, 2 max (as prim::all_reduce)
+  std::vector<int> in_buffers;  // kernel buffers, in order
+  std::vector<int64_t> counts;  // elements of each
+  int64_t op = 0;               // 0 sum, 2 max (as prim::all_reduce)
 };
 
 // A further output of an elementwise kernel: value `value` stored into buffer `buffer` (marked

@@ -410,7 +410,10 @@ Kernel build_collective(Lowerer& s, const Node* node, int slot) {
   Kernel k;
   k.kind = KernelKind::Collective;
   KernelBuilder(s, k).buffer(slot, node->dtype, true);
-  k.collective.in_buffer = contiguous_operand(s, k, node->inputs[0].get());
+  for (const NodePtr& in : node->inputs) {
+    k.collective.in_buffers.push_back(contiguous_operand(s, k, in.get()));
+    k.collective.counts.push_back(in->numel());
+  }
   k.collective.op = node->ints[0];
   k.out_numel = node->numel();
   k.summary = fmt::format("AllReduce {} [{}]", node->ints[0] == 0 ? "sum" : "max", node->numel());

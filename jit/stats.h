@@ -28,6 +28,7 @@ struct JitStats {
   double compile_seconds = 0;
   int64_t collectives_started = 0;
   int64_t kernels_during_collectives = 0;
+  double collective_wait_seconds = 0;  // blocked in waits for collectives (not hidden by kernels)
 };
 
 JitStats& stats();

@@ -192,7 +192,16 @@ Grads conv2d_backward_weight_grad(const NodePtr& n, const Tensor& g) {
 // output gradients. A maximum's would need to know which rank won; it has none yet.
 Grads all_reduce_grad(const NodePtr& n, const Tensor& g) {
   KILN_CHECK(n->ints[0] == 0, "all_reduce", "only a sum (or mean) all-reduce has a gradient; got a maximum");
-  return {prim::all_reduce(g, 0, n->ints[1])};
+  Tensor all = prim::all_reduce(g, 0, n->ints[1]);
+  if (n->inputs.size() == 1) return {all};
+  Grads parts;  // a bucket's: each part's slice of the flat result
+  int64_t at = 0;
+  for (const NodePtr& in : n->inputs) {
+    const int64_t size = in->numel();
+    parts.push_back(prim::reshape(prim::slice(all, {at}, {1}, {size}), in->shape));
+    at += size;
+  }
+  return parts;
 }
 
 struct GradEntry {

@@ -229,6 +229,20 @@ Tensor all_reduce(const Tensor& x, int64_t op, int64_t world) {
   return make(Op::AllReduce, x.dtype(), x.shape(), {x}, {op, world});
 }
 
+Tensor all_reduce(const std::vector<Tensor>& parts, int64_t op, int64_t world) {
+  KILN_CHECK(!parts.empty(), "all_reduce", "needs at least one tensor");
+  if (parts.size() == 1) return all_reduce(parts[0].reshape({parts[0].numel()}), op, world);
+  KILN_CHECK((op == 0 || op == 2) && world > 1, "all_reduce", "op must be 0 (sum) or 2 (max) in a world of 2 or more, got {} in {}",
+             op, world);
+  int64_t total = 0;
+  for (const Tensor& p : parts) {
+    KILN_CHECK(p.dtype() == parts[0].dtype() && p.device() == parts[0].device(), "all_reduce",
+               "the tensors of one all-reduce share a dtype and a device; got {} and {}", parts[0].str(), p.str());
+    total += p.numel();
+  }
+  return make(Op::AllReduce, parts[0].dtype(), {total}, parts, {op, world});
+}
+
 namespace {
 
 // Output extent of a convolution along one axis, as in PyTorch; < 1 when the window does not fit.

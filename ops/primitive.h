@@ -45,6 +45,10 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // The element-wise sum (op 0) or maximum (op 2) of `x` over the `world` processes of the
 // communicator, recorded as a node the executor runs as a collective (jit/collective.h).
 Tensor all_reduce(const Tensor& x, int64_t op, int64_t world);
+// One all-reduce of several tensors of one dtype (a data-parallel bucket): the result is their
+// values flattened and laid end to end, reduced. The executor packs the parts into the result's
+// buffer itself, so no concatenation kernel runs.
+Tensor all_reduce(const std::vector<Tensor>& parts, int64_t op, int64_t world);
 
 // 2-D convolution and its two adjoints over contiguous NCHW data, weight (OC, C / groups, KH, KW).
 // conv = {stride h, w, padding h, w, dilation h, w, groups}; shapes are checked by the caller

@@ -6,7 +6,7 @@
 set(KILN_PRIVATE_HEADER_REGEX
     "^(backends/|memory/planner\\.h|jit/(kernel_ir|index_expr|schedule|executor|lower|collect|plan|render_[a-z_]*|random_prelude|math_prelude|disk_cache)\\.h)")
 # Library headers that a public header must not include (<...> includes).
-set(KILN_LIBRARY_HEADER_REGEX "^(dnnl|oneapi/|cuda|cublas|cudnn|nvrtc|omp\\.h|nlohmann/|zlib\\.h|mpi\\.h)")
+set(KILN_LIBRARY_HEADER_REGEX "^(dnnl|oneapi/|cuda|cublas|cudnn|nvrtc|omp\\.h|nlohmann/|zlib\\.h|mpi\\.h|nccl\\.h)")
 
 function(kiln_public_headers out umbrella)
   set(todo ${umbrella})

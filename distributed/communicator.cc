@@ -13,6 +13,8 @@
 
 #include "core/error.h"
 #include "core/flags.h"
+#include "backends/cuda/cuda_runtime.h"
+#include "distributed/nccl.h"
 #include "jit/collective.h"
 #include "ops/ops.h"
 #include "ops/primitive.h"
@@ -188,6 +190,36 @@ void check_reduce(const Tensor& t, ReduceOp op, const char* name) {
   KILN_CHECK(t.dtype() != DType::Bool || op == ReduceOp::Max, name, "bool tensors reduce with Max (logical or) only");
 }
 
+// A CUDA tensor on a real GPU, reduced by NCCL on kiln's stream into a fresh device buffer;
+// undefined when NCCL cannot do it here (no NCCL, the emulator, two ranks on one GPU), and the
+// caller takes the host path.
+Tensor nccl_all_reduce_on_device(const Tensor& t, ReduceOp op) {
+  if (!nccl_built() || !cuda::is_gpu(t.device()) || !world().mpi || t.numel() == 0 || t.dtype() == DType::Bool)
+    return {};
+  std::string why;
+  void* comm = nccl_comm(t.device(), world().rank, world().size,
+                         [](void* bytes, size_t size) {
+                           Tensor id = from_vector<uint8_t>(std::vector<uint8_t>(static_cast<const uint8_t*>(bytes),
+                                                                                 static_cast<const uint8_t*>(bytes) + size),
+                                                            {static_cast<int64_t>(size)});
+                           std::vector<uint8_t> shared = broadcast(id, 0).to_vector<uint8_t>();
+                           std::memcpy(bytes, shared.data(), size);
+                         },
+                         why);
+  if (comm == nullptr) {
+    if (flags().log >= 1) fmt::print(stderr, "[kiln] all_reduce through the host: {}\n", why);
+    return {};
+  }
+  Tensor in = t.detach();
+  in.realize();
+  Tensor out = zeros(t.shape(), t.dtype()).to(t.device());
+  out.realize();
+  const size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
+  cuda::copy_on_device(t.device().index, writable(out), in.data(), bytes);
+  nccl_all_reduce(comm, writable(out), t.numel(), t.dtype(), op == ReduceOp::Max ? 2 : 0, t.device());
+  return op == ReduceOp::Mean ? out / static_cast<double>(world().size) : out;
+}
+
 }  // namespace
 
 std::string reduce_op_name(ReduceOp op) {
@@ -254,6 +286,7 @@ Tensor all_reduce(const Tensor& t, ReduceOp op) {
     Tensor sum = prim::all_reduce(t, op == ReduceOp::Max ? 2 : 0, world().size);
     return op == ReduceOp::Mean ? sum / static_cast<double>(world().size) : sum;
   }
+  if (Tensor on_gpu = nccl_all_reduce_on_device(t, op); on_gpu.defined()) return on_gpu;
   Tensor in = host_values(t);
   Tensor out = fresh_host(t.shape(), t.dtype());
   const size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "backends/cuda/cuda_runtime.h"
+#include "distributed/nccl.h"
 
 using namespace kiln;
 namespace dist = kiln::distributed;
@@ -123,4 +124,19 @@ TEST_CASE("a rank that skips a collective makes the others throw within KILN_COL
     dist::all_reduce(x).realize();
   }
   dist::barrier();
+}
+
+TEST_CASE("NCCL all-reduces a GPU tensor in place on kiln's stream (a world of one)", "[distributed][cuda]") {
+  if (!dist::nccl_built() || !cuda::available() || !cuda::is_gpu(Device::cuda(0))) {
+    WARN("SKIPPED: no CUDA GPU with NCCL here (the emulator takes the host path)");
+    return;
+  }
+  std::string why;
+  void* comm = dist::nccl_comm(Device::cuda(0), 0, 1, [](void*, size_t) {}, why);
+  REQUIRE(comm != nullptr);
+  for (DType t : {DType::Float32, DType::BFloat16, DType::Int64}) {
+    Tensor x = rank_values(3, 1000, t).to(Device::cuda(0)).realize();
+    dist::nccl_all_reduce(comm, const_cast<void*>(x.data()), x.numel(), t, 0, Device::cuda(0));
+    CHECK(x.to_doubles() == rank_values(3, 1000, t).to_doubles());  // the sum over one rank
+  }
 }

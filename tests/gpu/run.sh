@@ -94,6 +94,16 @@ else
   KILN_CACHE_DIR="$BUILD/kernel-cache" "$BUILD/tests/kiln_tests" "[cuda]" --success > "$LOGS/cuda_tests.log" 2>&1
   cuda_rc=$?
   row "[cuda] cases" "$(grep -aE '^(All tests passed|test cases:)' "$LOGS/cuda_tests.log" | tail -1)"
+  row "NCCL (world of one)" "$(grep -aA3 'NCCL all-reduces' "$LOGS/cuda_tests.log" | grep -aoE 'SKIPPED[^"]*|PASSED|FAILED' | head -1)"
+  # Two processes on the one GPU: NCCL refuses two ranks on one device, so this checks that the
+  # collectives then take the host path (MPI) and agree. Needs OpenMPI on the GPU machine.
+  if command -v mpirun >/dev/null 2>&1 && grep -q "MPI .* found" "$LOGS/build.log"; then
+    KILN_CACHE_DIR="$BUILD/kernel-cache" KILN_LOG=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+      timeout 300 mpirun --oversubscribe -np 2 "$BUILD/tests/kiln_tests" "[distributed]" > "$LOGS/mpi_gpu.log" 2>&1
+    row "2 processes on one GPU" "exit $?; $(grep -aE '^(All tests passed|test cases:)' "$LOGS/mpi_gpu.log" | tail -1)"
+  else
+    row "2 processes on one GPU" "skipped (no OpenMPI on this machine)"
+  fi
   row "NVRTC" "$(grep -ao 'NVRTC [0-9.]*: [0-9]* kernels[^;]*' "$LOGS/cuda_tests.log" | head -1)"
   row "device cases skipped for want of a GPU" "$(grep -ac 'SKIPPED: no CUDA' "$LOGS/cuda_tests.log") (0 expected on a GPU)"
 fi

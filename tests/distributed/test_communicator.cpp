@@ -100,6 +100,14 @@ TEST_CASE("collectives reject what they cannot do with an Error", "[distributed]
   CHECK_THROWS_WITH(dist::send(rank_values(0, 2), dist::rank()), Catch::Contains("cannot send to rank"));
 }
 
+TEST_CASE("a build without MPI started by an MPI launcher fails at init()", "[distributed]") {
+  if (KILN_WITH_MPI || dist::initialized()) return;  // this process joined its world already
+  setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  CHECK_THROWS_WITH(dist::init(), Catch::Contains("kiln was built without MPI") && Catch::Contains("libopenmpi-dev"));
+  unsetenv("OMPI_COMM_WORLD_SIZE");
+  CHECK_FALSE(dist::initialized());
+}
+
 TEST_CASE("KILN_BUCKET_MB and KILN_COLLECTIVE_TIMEOUT reject junk", "[distributed][flags]") {
   FlagsGuard guard;
   CHECK_THROWS_WITH(flags().set("bucket_mb", "0"), Catch::Contains("KILN_BUCKET_MB"));

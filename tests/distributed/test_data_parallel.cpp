@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 #include <kiln/kiln.h>
 
+#include "backends/cuda/cuda_runtime.h"
+
 using namespace kiln;
 namespace dist = kiln::distributed;
 
@@ -174,4 +176,28 @@ TEST_CASE("a data parallel step overlaps its all-reduces with the rest of the ba
   CHECK(after.plans_built + after.plan_cache_hits - before.plans_built - before.plan_cache_hits == 1);
   // The earlier layers' backward kernels ran while the last layers' gradients travelled.
   CHECK(after.kernels_during_collectives - before.kernels_during_collectives >= 3);
+}
+
+TEST_CASE("data parallel on a CUDA device equals one process on the whole batch", "[distributed][device]") {
+  if (!cuda::available()) {
+    WARN("SKIPPED: no CUDA device (KILN_CUDA_EMULATOR=1 emulates one)");
+    return;
+  }
+  dist::init();
+  const int n = dist::world_size(), me = dist::rank();
+  const Device gpu = Device::cuda(0);
+  Mlp reference(21), local(21 + static_cast<uint64_t>(me));
+  reference.to(gpu);
+  local.to(gpu);
+  dist::DataParallel model(local);
+  optim::SGD ref_opt(reference.parameters(), optim::SGDOptions(0.05).momentum(0.9));
+  optim::SGD opt(model.parameters(), optim::SGDOptions(0.05).momentum(0.9));
+  for (int step = 0; step < 5; ++step) {
+    auto [x, y] = global_batch(step, n);
+    Tensor xg = x.to(gpu), yg = y.to(gpu);
+    ref_opt.step(loss_of(reference, xg, yg));
+    opt.step(loss_of(model, xg.slice(0, 4 * me, 4 * me + 4), yg.slice(0, 4 * me, 4 * me + 4)));
+  }
+  std::vector<double> got = flat_parameters(local), want = flat_parameters(reference);
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-12).margin(1e-14));
 }

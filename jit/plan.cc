@@ -1,6 +1,7 @@
 #include "jit/plan.h"
 
 #include <algorithm>
+#include <functional>
 #include <string>
 
 namespace kiln::jit {
@@ -39,11 +40,62 @@ void extend_lifetimes_over_groups(Plan& plan) {
   }
 }
 
+// Where a collective's input lives inside its output buffer: the slot of that output and the byte
+// offset, or {-1, 0}.
+struct PackedPlace {
+  int into = -1;
+  int64_t at = 0;
+};
+
+// A bucket's gradients written straight into their place in the all-reduce's buffer, so the
+// collective packs nothing: an input qualifies when it is an intermediate of exactly its part's
+// size, written by an earlier kernel outside row groups, and read by nothing after the collective.
+std::vector<PackedPlace> pack_collective_inputs(const Plan& plan, const std::vector<int>& writer,
+                                                const std::vector<char>& side_output,
+                                                const std::function<bool(int)>& intermediate) {
+  const Program& s = plan.program;
+  std::vector<PackedPlace> place(s.slots.size());
+  for (size_t k = 0; k < s.kernels.size(); ++k) {
+    const Kernel& kernel = s.kernels[k];
+    if (kernel.kind != KernelKind::Collective || in_row_group(plan, k)) continue;
+    const int out = kernel.buffers[0].slot;
+    if (!intermediate(out)) continue;
+    const int64_t element = static_cast<int64_t>(dtype_size(kernel.buffers[0].dtype));
+    int64_t at = 0;
+    for (size_t i = 0; i < kernel.collective.in_buffers.size(); ++i) {
+      const int slot = kernel.buffers[kernel.collective.in_buffers[i]].slot;
+      const int64_t bytes = kernel.collective.counts[i] * element;
+      const bool once = std::count_if(kernel.collective.in_buffers.begin(), kernel.collective.in_buffers.end(),
+                                      [&](int b) { return kernel.buffers[b].slot == slot; }) == 1;
+      if (once && intermediate(slot) && !side_output[slot] && plan.last_use[slot] == static_cast<int>(k) &&
+          writer[slot] >= 0 && writer[slot] < static_cast<int>(k) && !in_row_group(plan, static_cast<size_t>(writer[slot])) &&
+          s.slots[slot].numel * element == bytes && s.slots[slot].dtype == kernel.buffers[0].dtype)
+        place[slot] = {out, at};
+      at += bytes;
+    }
+  }
+  return place;
+}
+
 // Intermediates get offsets in one arena; outputs and externals live in their own storage.
 void plan_buffers(Plan& plan) {
   const Program& s = plan.program;
   auto bytes_of = [&](int slot) { return s.slots[slot].numel * static_cast<int64_t>(dtype_size(s.slots[slot].dtype)); };
-  auto intermediate = [&](int slot) { return s.slots[slot].external < 0 && !s.slots[slot].keep; };
+  std::function<bool(int)> intermediate = [&](int slot) { return s.slots[slot].external < 0 && !s.slots[slot].keep; };
+  std::vector<int> writer(s.slots.size(), -1);
+  std::vector<char> side_output(s.slots.size(), 0);
+  for (size_t k = 0; k < s.kernels.size(); ++k) {
+    for (const SideStore& side : s.kernels[k].side_stores) side_output[s.kernels[k].buffers[side.buffer].slot] = 1;
+    if (writer[s.kernels[k].buffers[0].slot] < 0) writer[s.kernels[k].buffers[0].slot] = static_cast<int>(k);
+  }
+  const std::vector<PackedPlace> packed = pack_collective_inputs(plan, writer, side_output, intermediate);
+  // A collective's buffer is live from its first packed input's kernel on.
+  std::vector<int> first_write(s.slots.size(), -1);
+  for (size_t slot = 0; slot < s.slots.size(); ++slot)
+    if (packed[slot].into >= 0) {
+      int& f = first_write[packed[slot].into];
+      f = f < 0 ? writer[slot] : std::min(f, writer[slot]);
+    }
   std::vector<memory::BufferRequest> requests;
   std::vector<int> request_of(s.slots.size(), -1), slot_of_request;
   for (size_t k = 0; k < s.kernels.size(); ++k) {
@@ -65,7 +117,9 @@ void plan_buffers(Plan& plan) {
       plan.output_bytes += bytes_of(out);
       continue;
     }
-    memory::BufferRequest r{bytes_of(out), first, plan.last_use[out], -1};
+    if (packed[out].into >= 0) continue;  // placed inside its collective's buffer, below
+    memory::BufferRequest r{bytes_of(out), first_write[out] >= 0 ? std::min(first, first_write[out]) : first,
+                            plan.last_use[out], -1};
     for (size_t b = 1; b < kernel.buffers.size() && !grouped; ++b) {
       int in = kernel.buffers[b].slot;
       if (intermediate(in) && plan.last_use[in] == static_cast<int>(k) && bytes_of(in) == bytes_of(out) &&
@@ -91,6 +145,8 @@ void plan_buffers(Plan& plan) {
     plan.offset[slot_of_request[i]] = plan.memory.offsets[i];
     if (!plan.memory.handed_on[i]) plan.dies_after[requests[i].last].push_back({plan.memory.offsets[i], requests[i].bytes});
   }
+  for (size_t slot = 0; slot < s.slots.size(); ++slot)
+    if (packed[slot].into >= 0) plan.offset[slot] = plan.offset[packed[slot].into] + packed[slot].at;
 }
 
 // An update `p.assign(f(p, ...))` can write straight into p's buffer when its kernel reads p only

@@ -3,11 +3,14 @@
 #include <catch2/catch.hpp>
 #include <kiln/kiln.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "jit/backend.h"
 #include "jit/collect.h"
 #include "jit/executor.h"
+#include "jit/lower.h"
+#include "jit/plan.h"
 #include "jit/schedule.h"
 #include "memory/planner.h"
 #include "ops/primitive.h"
@@ -115,4 +118,28 @@ TEST_CASE("an all-reduce starts as soon as its input is computed and its readers
   REQUIRE(other >= 0);
   CHECK(collective < other);  // y was asked for first, yet the independent sum runs in between
   CHECK(other < reader);
+}
+
+TEST_CASE("a bucket's gradients are written straight into the all-reduce's buffer", "[jit][planner]") {
+  // Three parts computed in the plan, read by nothing but the all-reduce: the planner places each
+  // inside the collective's output, end to end, so the executor copies nothing.
+  // (Built in a lambda: a handle still held on a part would keep it as an output of its own.)
+  Tensor y = [] {
+    Tensor a = exp(rand({100})), b = rand({7, 9}) * 3.0, c = tanh(rand({50}));
+    return prim::all_reduce({a, b, c}, 0, 2) * 2.0;
+  }();
+  jit::PendingGraph graph = jit::collect_pending({y.node()});
+  auto plan = jit::make_plan(graph, jit::lower(graph, jit::schedule(graph)), Device::cpu());
+  const auto& kernels = plan->program.kernels;
+  auto collective = std::find_if(kernels.begin(), kernels.end(),
+                                 [](const jit::Kernel& k) { return k.kind == jit::KernelKind::Collective; });
+  REQUIRE(collective != kernels.end());
+  const int out = collective->buffers[0].slot;
+  REQUIRE(plan->offset[out] >= 0);
+  int64_t at = 0;
+  for (size_t i = 0; i < collective->collective.in_buffers.size(); ++i) {
+    CHECK(plan->offset[collective->buffers[collective->collective.in_buffers[i]].slot] == plan->offset[out] + at);
+    at += collective->collective.counts[i] * 4;
+  }
+  CHECK(at == 4 * (100 + 63 + 50));
 }

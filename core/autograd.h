@@ -37,8 +37,10 @@ std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs
 class GradientReducer {
  public:
   virtual ~GradientReducer() = default;
-  // Replaces grads[i] (the gradient of params[i]; undefined when it has none) in place.
-  virtual void reduce(const std::vector<Tensor>& params, std::vector<Tensor>& grads,
+  // Replaces grads[i] (the gradient of params[i]; undefined when it has none) in place. Returns
+  // false when the reducer kept the gradients for a later step (gradient accumulation): the
+  // optimizer then updates nothing this time, and the reducer has realized `along` itself.
+  virtual bool reduce(const std::vector<Tensor>& params, std::vector<Tensor>& grads,
                       const std::vector<Tensor>& along) = 0;
 };
 // Registers `reducer` for `param` (null: none); the parameter keeps only a weak reference.

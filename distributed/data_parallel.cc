@@ -83,8 +83,9 @@ class Reducer : public GradientReducer {
  public:
   explicit Reducer(std::vector<Tensor> params) : params_(std::move(params)) {}
 
-  void reduce(const std::vector<Tensor>& params, std::vector<Tensor>& grads, const std::vector<Tensor>& along) override {
-    if (no_sync || world_size() == 1) return;
+  bool reduce(const std::vector<Tensor>& params, std::vector<Tensor>& grads, const std::vector<Tensor>& along) override {
+    if (accumulate > 1 && !accumulated(grads, along)) return false;
+    if (no_sync || world_size() == 1) return true;
     // Gradients in this wrapper's parameter order (an optimizer may hold a subset, or more).
     std::vector<Tensor> mine(params_.size());
     std::vector<int> where(params_.size(), -1);
@@ -139,11 +140,35 @@ class Reducer : public GradientReducer {
         offset += n;
       }
     }
+    return true;
+  }
+
+  // Gradient accumulation over `accumulate` calls: the first ones add their gradients to sums
+  // kept here (realized with the call's own outputs, in its one plan) and return false; the last
+  // hands on the mean of all of them and starts again.
+  bool accumulated(std::vector<Tensor>& grads, const std::vector<Tensor>& along) {
+    if (sums.size() != grads.size()) sums.assign(grads.size(), Tensor());
+    for (size_t i = 0; i < grads.size(); ++i)
+      if (grads[i].defined()) sums[i] = sums[i].defined() ? sums[i] + grads[i] : grads[i];
+    if (++calls < accumulate) {
+      std::vector<Tensor> realize = along;
+      for (const Tensor& s : sums)
+        if (s.defined()) realize.push_back(s);
+      sync(realize);
+      return false;
+    }
+    for (size_t i = 0; i < grads.size(); ++i)
+      grads[i] = sums[i].defined() ? sums[i] / static_cast<double>(accumulate) : Tensor();
+    sums.clear();
+    calls = 0;
+    return true;
   }
 
   std::vector<Tensor> params_;
   bool no_sync = false;
   int64_t all_reduces = 0;
+  int64_t accumulate = 1, calls = 0;
+  std::vector<Tensor> sums;  // gradients accumulated so far (per optimizer gradient)
 };
 
 DataParallel::DataParallel(nn::AnyModule module) : nn::Module(static_cast<const nn::Module&>(module)), module_(std::move(module)) {
@@ -171,6 +196,14 @@ DataParallel::DataParallel(nn::AnyModule module) : nn::Module(static_cast<const 
 }
 
 BucketPlan DataParallel::bucket_plan() const { return plan_buckets(reducer_->params_); }
+
+void DataParallel::accumulate(int64_t k) {
+  KILN_CHECK(k >= 1, "DataParallel::accumulate", "needs a positive number of micro-batches per step, got {}", k);
+  KILN_CHECK(reducer_->calls == 0, "DataParallel::accumulate",
+             "{} of {} micro-batches are accumulated; change the count after a step", reducer_->calls,
+             reducer_->accumulate);
+  reducer_->accumulate = k;
+}
 int64_t DataParallel::all_reduce_count() const { return reducer_->all_reduces; }
 
 NoSyncGuard::NoSyncGuard(DataParallel& model) : reducer_(model.reducer_), previous_(reducer_->no_sync) {

@@ -8,9 +8,10 @@
 //   optim::SGD opt(model.parameters(), optim::SGDOptions(0.1).momentum(0.9));
 //   opt.step(cross_entropy(model.forward(x), y));    // gradients averaged over the ranks
 //
-// Gradients are averaged when the optimizer applies them (not during backward()): gradient
-// accumulation is `backward()` on k micro-batches, then one `opt.step()` (one all-reduce per k
-// micro-batches). Inside a NoSyncGuard the optimizer applies each rank's own gradients.
+// Gradients are averaged when the optimizer applies them (not during backward()). Gradient
+// accumulation: `model.accumulate(k)`, then opt.step(loss) per micro-batch (one all-reduce and
+// one update per k), or backward() on k micro-batches and one opt.step(). Inside a NoSyncGuard
+// the optimizer applies each rank's own gradients.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -44,6 +45,11 @@ class DataParallel : public nn::Module {
   BucketPlan bucket_plan() const;
   // All-reduces performed so far (by every step through this wrapper), for tests and benchmarks.
   int64_t all_reduce_count() const;
+  // Gradient accumulation: each optimizer step on this model's parameters (opt.step(loss) or
+  // backward(); step()) now counts as one micro-batch; every k-th applies the mean of the last
+  // k micro-batches' gradients, all-reduced once, and the others update nothing. k = 1: off.
+  // In a world of 1 it is plain accumulation.
+  void accumulate(int64_t k);
 
  private:
   friend class NoSyncGuard;

@@ -79,14 +79,15 @@ void Optimizer::apply_gradients(std::vector<Tensor> grads, std::vector<Tensor> o
 // any gradient a user still holds through p.grad()) as one plan, in parameter order. With
 // `skip`, each update keeps the old values where skip is true (update_unless).
 // Hands each gradient reducer (distributed::DataParallel) the gradients of its parameters, in
-// parameter order, with the tensors this step realizes anyway.
-void Optimizer::reduce_gradients(std::vector<Tensor>& grads, const std::vector<Tensor>& extra) const {
+// parameter order, with the tensors this step realizes anyway. False when a reducer keeps them
+// for a later step (accumulation): then this call updates nothing.
+bool Optimizer::reduce_gradients(std::vector<Tensor>& grads, const std::vector<Tensor>& extra) const {
   std::vector<Tensor> params = parameters();
   std::vector<std::shared_ptr<GradientReducer>> reducers;
   for (const Tensor& p : params)
     if (auto r = gradient_reducer(p); r && std::find(reducers.begin(), reducers.end(), r) == reducers.end())
       reducers.push_back(std::move(r));
-  if (reducers.empty()) return;
+  if (reducers.empty()) return true;
   std::vector<Tensor> along = extra;
   for (const Tensor& p : params)
     if (p.grad().defined()) along.push_back(p.grad());
@@ -97,16 +98,21 @@ void Optimizer::reduce_gradients(std::vector<Tensor>& grads, const std::vector<T
     std::vector<size_t> at;
     for (size_t i = 0; i < params.size(); ++i)
       if (gradient_reducer(params[i]) == reducer) mine.push_back(params[i]), their_grads.push_back(grads[i]), at.push_back(i);
-    reducer->reduce(mine, their_grads, along);
+    const bool now = reducer->reduce(mine, their_grads, along);
     for (size_t j = 0; j < at.size(); ++j) grads[at[j]] = std::move(their_grads[j]);
+    KILN_CHECK(now || reducers.size() == 1, "optim::step",
+               "one optimizer holds the parameters of several DataParallel wrappers and one of them accumulates; "
+               "give each wrapper its own optimizer");
+    if (!now) return false;
   }
+  return true;
 }
 
 void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, const Tensor& skip) {
   resize_state();
   NoGradGuard no_grad;
   AutocastGuard no_autocast(false);  // updates run in the parameters' type
-  reduce_gradients(grads, extra);
+  if (!reduce_gradients(grads, extra)) return;  // accumulated for a later step
   // State tensors start as realized zeros, so the first step's graph is the same as every
   // later one's and the plan cache serves all of them.
   std::vector<Tensor> fresh;

@@ -132,7 +132,7 @@ class Optimizer {
   void step_outputs(std::vector<Tensor> outputs);
   void step_loss(const Tensor& loss, std::vector<Tensor> outputs);
   void apply(std::vector<Tensor> grads, std::vector<Tensor> extra, const Tensor& skip);
-  void reduce_gradients(std::vector<Tensor>& grads, const std::vector<Tensor>& extra) const;
+  bool reduce_gradients(std::vector<Tensor>& grads, const std::vector<Tensor>& extra) const;
   void update_unless(const Tensor& skip, size_t group, Tensor& param, const Tensor& grad, ParamState& state);
   std::vector<std::vector<ParamState>> state_;  // [group][index]
   std::vector<Tensor> synced_with_step_;

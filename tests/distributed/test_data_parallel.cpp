@@ -93,6 +93,32 @@ TEST_CASE("gradient accumulation over micro-batches equals the big batch, with o
   for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-12).margin(1e-14));
 }
 
+TEST_CASE("DataParallel::accumulate(k) steps once per k micro-batches with their mean gradient", "[distributed][train]") {
+  dist::init();
+  const int n = dist::world_size(), me = dist::rank();
+  Mlp reference(4), local(4);
+  dist::DataParallel model(local);
+  model.accumulate(2);
+  optim::SGD ref_opt(reference.parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  optim::SGD opt(model.parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 3; ++step) {
+    auto [x, y] = global_batch(step, n);
+    ref_opt.step(loss_of(reference, x, y));
+    const int64_t before = model.all_reduce_count();
+    const std::vector<double> unchanged = flat_parameters(local);
+    for (int k = 0; k < 2; ++k) {  // this rank's 4 examples as 2 micro-batches of 2, each its own step(loss)
+      const int64_t at = 4 * me + 2 * k;
+      opt.step(loss_of(model, x.slice(0, at, at + 2), y.slice(0, at, at + 2)));
+      if (k == 0) CHECK(flat_parameters(local) == unchanged);  // the first micro-batch updates nothing
+    }
+    CHECK(model.all_reduce_count() - before == (n > 1 ? 1 : 0));
+  }
+  std::vector<double> got = flat_parameters(local), want = flat_parameters(reference);
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-12).margin(1e-14));
+  CHECK(opt.state().at("0.0.momentum_buffer").defined());
+  CHECK_THROWS_WITH(model.accumulate(0), Catch::Contains("positive"));
+}
+
 TEST_CASE("gradients travel in buckets of KILN_BUCKET_MB, the first one capped at 1 MiB", "[distributed]") {
   dist::init();
   FlagsGuard guard;

@@ -127,15 +127,27 @@ void wait_request(MPI_Request& request, const char* op) {
   }
 }
 
+// An element or byte count as one MPI call takes it (an int).
+int mpi_count(int64_t n, const char* op) {
+  KILN_CHECK(n <= INT32_MAX, op, "{} elements (or bytes) are more than one MPI call takes (2^31 - 1); split the tensor",
+             n);
+  return static_cast<int>(n);
+}
+
+// Starts a non-blocking MPI call (`start` fills in the request) and waits for it.
+template <class Start> void run_mpi(const char* op, Start start) {
+  MPI_Request request;
+  check_mpi(start(&request), op);
+  wait_request(request, op);
+}
+
 // All-reduces inside plans (jit/collective.h): non-blocking on MPI_COMM_WORLD, polled.
 class MpiEngine : public jit::CollectiveEngine {
  public:
   int64_t start_all_reduce(void* data, int64_t count, DType dtype, int64_t op) override {
     const char* name = "distributed::all_reduce";
-    KILN_CHECK(count <= INT32_MAX, name, "{} elements are more than one MPI call takes (2^31 - 1); use smaller buckets",
-               count);
     MPI_Request request;
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), mpi_type(dtype, name),
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count, name), mpi_type(dtype, name),
                              mpi_op(op == 2 ? ReduceOp::Max : ReduceOp::Sum, dtype), MPI_COMM_WORLD, &request),
               name);
     std::lock_guard<std::mutex> lock(mutex_);
@@ -269,9 +281,7 @@ void barrier() {
   require_init("distributed::barrier");
 #if KILN_WITH_MPI
   if (!world().mpi) return;
-  MPI_Request request;
-  check_mpi(MPI_Ibarrier(MPI_COMM_WORLD, &request), "distributed::barrier");
-  wait_request(request, "distributed::barrier");
+  run_mpi("distributed::barrier", [](MPI_Request* r) { return MPI_Ibarrier(MPI_COMM_WORLD, r); });
 #endif
 }
 
@@ -292,15 +302,11 @@ Tensor all_reduce(const Tensor& t, ReduceOp op) {
   const size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
   if (bytes > 0) std::memcpy(writable(out), in.data(), bytes);
 #if KILN_WITH_MPI
-  if (world().mpi && t.numel() > 0) {
-    KILN_CHECK(t.numel() <= INT32_MAX, name, "{} has more elements than one MPI call takes (2^31 - 1); split it",
-               t.str());
-    MPI_Request request;
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, writable(out), static_cast<int>(t.numel()), mpi_type(t.dtype(), name),
-                             mpi_op(op, t.dtype()), MPI_COMM_WORLD, &request),
-              name);
-    wait_request(request, name);
-  }
+  if (world().mpi && t.numel() > 0)
+    run_mpi(name, [&](MPI_Request* r) {
+      return MPI_Iallreduce(MPI_IN_PLACE, writable(out), mpi_count(t.numel(), name), mpi_type(t.dtype(), name),
+                            mpi_op(op, t.dtype()), MPI_COMM_WORLD, r);
+    });
 #endif
   if (op == ReduceOp::Mean && world().size > 1) out = (out / static_cast<double>(world().size)).realize();
   return like_input(out, t);
@@ -315,12 +321,10 @@ Tensor broadcast(const Tensor& t, int root) {
   const size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
   if (bytes > 0) std::memcpy(writable(out), in.data(), bytes);
 #if KILN_WITH_MPI
-  if (world().mpi && bytes > 0) {
-    KILN_CHECK(bytes <= INT32_MAX, name, "{} is over 2 GiB, more than one MPI call takes; split it", t.str());
-    MPI_Request request;
-    check_mpi(MPI_Ibcast(writable(out), static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD, &request), name);
-    wait_request(request, name);
-  }
+  if (world().mpi && bytes > 0)
+    run_mpi(name, [&](MPI_Request* r) {
+      return MPI_Ibcast(writable(out), mpi_count(static_cast<int64_t>(bytes), name), MPI_BYTE, root, MPI_COMM_WORLD, r);
+    });
 #endif
   return like_input(out, t);
 }
@@ -336,12 +340,10 @@ Tensor all_gather(const Tensor& t) {
   const size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
 #if KILN_WITH_MPI
   if (world().mpi) {
-    KILN_CHECK(bytes <= INT32_MAX, name, "{} is over 2 GiB, more than one MPI call takes; split it", t.str());
-    MPI_Request request;
-    check_mpi(MPI_Iallgather(in.data(), static_cast<int>(bytes), MPI_BYTE, writable(out), static_cast<int>(bytes),
-                             MPI_BYTE, MPI_COMM_WORLD, &request),
-              name);
-    wait_request(request, name);
+    const int count = mpi_count(static_cast<int64_t>(bytes), name);
+    run_mpi(name, [&](MPI_Request* r) {
+      return MPI_Iallgather(in.data(), count, MPI_BYTE, writable(out), count, MPI_BYTE, MPI_COMM_WORLD, r);
+    });
     return like_input(out, t);
   }
 #endif
@@ -364,12 +366,10 @@ Tensor reduce_scatter(const Tensor& t, ReduceOp op) {
   const int64_t block = numel(shape);
 #if KILN_WITH_MPI
   if (world().mpi) {
-    KILN_CHECK(block <= INT32_MAX, name, "a block of {} elements is more than one MPI call takes", block);
-    MPI_Request request;
-    check_mpi(MPI_Ireduce_scatter_block(in.data(), writable(out), static_cast<int>(block), mpi_type(t.dtype(), name),
-                                        mpi_op(op, t.dtype()), MPI_COMM_WORLD, &request),
-              name);
-    wait_request(request, name);
+    run_mpi(name, [&](MPI_Request* r) {
+      return MPI_Ireduce_scatter_block(in.data(), writable(out), mpi_count(block, name), mpi_type(t.dtype(), name),
+                                       mpi_op(op, t.dtype()), MPI_COMM_WORLD, r);
+    });
     if (op == ReduceOp::Mean) out = (out / static_cast<double>(n)).realize();
     return like_input(out, t);
   }
@@ -385,11 +385,10 @@ void send(const Tensor& t, int to, int tag) {
              "rank {} cannot send to rank {} in a world of {}", world().rank, to, world().size);
 #if KILN_WITH_MPI
   Tensor in = host_values(t);
-  const size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
-  KILN_CHECK(bytes <= INT32_MAX, name, "{} is over 2 GiB, more than one MPI call takes; split it", t.str());
-  MPI_Request request;
-  check_mpi(MPI_Isend(in.data(), static_cast<int>(bytes), MPI_BYTE, to, tag, MPI_COMM_WORLD, &request), name);
-  wait_request(request, name);
+  const int64_t bytes = t.numel() * static_cast<int64_t>(dtype_size(t.dtype()));
+  run_mpi(name, [&](MPI_Request* r) {
+    return MPI_Isend(in.data(), mpi_count(bytes, name), MPI_BYTE, to, tag, MPI_COMM_WORLD, r);
+  });
 #else
   (void)t, (void)tag;
 #endif
@@ -402,11 +401,10 @@ Tensor recv(const Shape& shape, DType dtype, int from, int tag) {
              "rank {} cannot receive from rank {} in a world of {}", world().rank, from, world().size);
   Tensor out = fresh_host(shape, dtype);
 #if KILN_WITH_MPI
-  const size_t bytes = static_cast<size_t>(numel(shape)) * dtype_size(dtype);
-  KILN_CHECK(bytes <= INT32_MAX, name, "{} elements of {} are over 2 GiB; split them", numel(shape), dtype_name(dtype));
-  MPI_Request request;
-  check_mpi(MPI_Irecv(writable(out), static_cast<int>(bytes), MPI_BYTE, from, tag, MPI_COMM_WORLD, &request), name);
-  wait_request(request, name);
+  const int64_t bytes = numel(shape) * static_cast<int64_t>(dtype_size(dtype));
+  run_mpi(name, [&](MPI_Request* r) {
+    return MPI_Irecv(writable(out), mpi_count(bytes, name), MPI_BYTE, from, tag, MPI_COMM_WORLD, r);
+  });
 #else
   (void)tag;
 #endif

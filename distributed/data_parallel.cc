@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_map>
 
 #include "core/autograd.h"
 #include "core/error.h"
@@ -81,7 +82,9 @@ void check_same_parameters(const nn::NamedTensors& named) {
 
 class Reducer : public GradientReducer {
  public:
-  explicit Reducer(std::vector<Tensor> params) : params_(std::move(params)) {}
+  explicit Reducer(std::vector<Tensor> params) : params_(std::move(params)) {
+    for (size_t k = 0; k < params_.size(); ++k) index_.emplace(TensorAccess::var(params_[k]).get(), k);
+  }
 
   bool reduce(const std::vector<Tensor>& params, std::vector<Tensor>& grads, const std::vector<Tensor>& along) override {
     if (accumulate > 1 && !accumulated(grads, along)) return false;
@@ -90,8 +93,8 @@ class Reducer : public GradientReducer {
     std::vector<Tensor> mine(params_.size());
     std::vector<int> where(params_.size(), -1);
     for (size_t i = 0; i < params.size(); ++i)
-      for (size_t k = 0; k < params_.size(); ++k)
-        if (TensorAccess::var(params[i]) == TensorAccess::var(params_[k])) mine[k] = grads[i], where[k] = static_cast<int>(i);
+      if (auto it = index_.find(TensorAccess::var(params[i]).get()); it != index_.end())
+        mine[it->second] = grads[i], where[it->second] = static_cast<int>(i);
     const BucketPlan plan = plan_buckets(params_);
     // Every rank all-reduces every bucket, so a parameter without a gradient here (unused in
     // this rank's forward) contributes zeros; one the optimizer does not hold is left out on
@@ -166,6 +169,7 @@ class Reducer : public GradientReducer {
   }
 
   std::vector<Tensor> params_;
+  std::unordered_map<const Var*, size_t> index_;  // a parameter's position in params_
   bool no_sync = false;
   int64_t all_reduces = 0;
   int64_t accumulate = 1, calls = 0;

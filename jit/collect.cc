@@ -62,11 +62,9 @@ void defer_updates(std::vector<NodePtr>& nodes) {
 void defer_collective_readers(std::vector<NodePtr>& nodes) {
   const size_t n = nodes.size();
   std::vector<char> reads(n, 0);
-  bool any = false;
   for (size_t i = 0; i < n; ++i)
     for (const NodePtr& in : nodes[i]->inputs)
-      if (!in->realized() && (in->op == Op::AllReduce || reads[in->visit_index])) reads[i] = 1, any = true;
-  if (!any) return;
+      if (!in->realized() && (in->op == Op::AllReduce || reads[in->visit_index])) reads[i] = 1;
   std::vector<NodePtr> order;
   order.reserve(n);
   for (int pass = 0; pass < 2; ++pass)
@@ -140,6 +138,7 @@ PendingGraph collect_pending(const std::vector<NodePtr>& targets) {
   auto is_update = [](const NodePtr& t) {
     return !t->replaces.expired() || (t->op == Op::Cast && !t->inputs.empty() && !t->inputs[0]->replaces.expired());
   };
+  bool has_collective = false;
   std::vector<NodePtr> ordered = targets;
   auto updates = std::stable_partition(ordered.begin(), ordered.end(), [&](const NodePtr& t) { return !is_update(t); });
   std::reverse(updates, ordered.end());
@@ -168,6 +167,7 @@ PendingGraph collect_pending(const std::vector<NodePtr>& targets) {
         continue;
       }
       node->visit_index = static_cast<int64_t>(g.nodes.size());
+      has_collective |= node->op == Op::AllReduce;  // noted here: every realize collects, cached plan or not
       g.nodes.push_back(node->shared_from_this());
       stack.pop_back();
     }
@@ -176,7 +176,7 @@ PendingGraph collect_pending(const std::vector<NodePtr>& targets) {
     memory::order_for_recompute(g.nodes);
   else
     defer_updates(g.nodes);
-  defer_collective_readers(g.nodes);
+  if (has_collective) defer_collective_readers(g.nodes);
   std::vector<bool> is_output(g.nodes.size(), false);
   for (const NodePtr& t : targets)
     if (!t->realized()) is_output[t->visit_index] = true;

@@ -234,10 +234,6 @@ Tensor nccl_all_reduce_on_device(const Tensor& t, ReduceOp op) {
 
 }  // namespace
 
-std::string reduce_op_name(ReduceOp op) {
-  return op == ReduceOp::Sum ? "ReduceOp::Sum" : op == ReduceOp::Mean ? "ReduceOp::Mean" : "ReduceOp::Max";
-}
-
 void init() {
   World& w = world();
   if (w.initialized) return;
@@ -275,7 +271,6 @@ void init() {
 bool initialized() { return world().initialized; }
 int rank() { return world().rank; }
 int world_size() { return world().size; }
-bool uses_mpi() { return world().mpi; }
 
 void barrier() {
   require_init("distributed::barrier");

@@ -7,7 +7,6 @@
 //   if (kiln::distributed::rank() == 0) save(...);
 #pragma once
 #include <cstdint>
-#include <string>
 
 #include "core/tensor.h"
 
@@ -22,8 +21,6 @@ void init();
 bool initialized();
 int rank();        // 0 when not initialized
 int world_size();  // 1 when not initialized
-// Whether collectives go through MPI (a world started by an MPI launcher).
-bool uses_mpi();
 
 // Every rank waits here for the others (a no-op in a world of 1).
 void barrier();
@@ -49,8 +46,5 @@ Tensor reduce_scatter(const Tensor& t, ReduceOp op = ReduceOp::Sum);
 void send(const Tensor& t, int to, int tag = 0);
 // Receives what rank `from` sent with `tag`; shape and dtype must match what it sent.
 Tensor recv(const Shape& shape, DType dtype, int from, int tag = 0);
-
-// "ReduceOp::Mean" etc., for messages.
-std::string reduce_op_name(ReduceOp op);
 
 }  // namespace kiln::distributed

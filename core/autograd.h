@@ -42,6 +42,10 @@ class GradientReducer {
   // optimizer then updates nothing this time, and the reducer has realized `along` itself.
   virtual bool reduce(const std::vector<Tensor>& params, std::vector<Tensor>& grads,
                       const std::vector<Tensor>& along) = 0;
+  // Tensors the step's plan realizes with the updates, and a check run once it has: a
+  // data-parallel reducer compares the ranks' step counts that travelled in its first bucket.
+  virtual std::vector<Tensor> realized_with_step() { return {}; }
+  virtual void after_step() {}
 };
 // Registers `reducer` for `param` (null: none); the parameter keeps only a weak reference.
 void set_gradient_reducer(const Tensor& param, const std::shared_ptr<GradientReducer>& reducer);

@@ -78,6 +78,24 @@ void check_same_parameters(const nn::NamedTensors& named) {
                  named[i - 1].first, named[i - 1].second.str(), r);
 }
 
+// Integers that `t` holds exactly: a step count travels modulo this.
+int64_t exact_integers(DType t) {
+  switch (t) {
+    case DType::Float64: return int64_t{1} << 53;
+    case DType::Float16: return int64_t{1} << 11;
+    case DType::BFloat16: return int64_t{1} << 8;
+    default: return int64_t{1} << 24;
+  }
+}
+
+// The step tag a rank adds to its first bucket: `world` elements, zero but for this rank's count
+// at its own index, so that the bucket's sum tells every rank every rank's count.
+Tensor step_tag(int64_t count, const Tensor& like, int world) {
+  std::vector<double> tag(static_cast<size_t>(world), 0.0);
+  tag[static_cast<size_t>(rank())] = static_cast<double>(count % exact_integers(like.dtype()));
+  return from_vector<double>(tag, {world}).cast(like.dtype()).to(like.device());
+}
+
 }  // namespace
 
 class Reducer : public GradientReducer {
@@ -87,6 +105,7 @@ class Reducer : public GradientReducer {
   }
 
   bool reduce(const std::vector<Tensor>& params, std::vector<Tensor>& grads, const std::vector<Tensor>& along) override {
+    ++passes;
     if (accumulate > 1 && !accumulated(grads, along)) return false;
     if (no_sync || world_size() == 1) return true;
     // Gradients in this wrapper's parameter order (an optimizer may hold a subset, or more).
@@ -114,6 +133,10 @@ class Reducer : public GradientReducer {
       members.push_back(std::move(in));
     }
     const int world = world_size();
+    // The first bucket also carries every rank's count of backward passes, checked after the
+    // step (after_step): a rank that synced a step the others kept local (no_sync, a different
+    // accumulate) pairs its all-reduces with the wrong ones of the others, which MPI cannot see.
+    if (!parts.empty()) parts[0].push_back(step_tag(passes, parts[0][0], world));
     for (size_t b = 0; b < parts.size(); ++b) {
       Tensor reduced;
       if (parts[b][0].device().is_cpu()) {
@@ -121,7 +144,7 @@ class Reducer : public GradientReducer {
         // as the bucket's gradients are computed and waited for before the updates that read it;
         // the rest of the backward runs meanwhile. The planner has each gradient computed straight
         // into its place in the bucket's buffer (no concat kernel, no copy).
-        reduced = prim::all_reduce(parts[b], 0, world) / static_cast<double>(world);
+        reduced = prim::all_reduce(parts[b], 0, world);
       } else {
         // Device gradients go through the host: computed first (with what the step realizes
         // anyway, so nothing is computed twice), then reduced.
@@ -134,17 +157,34 @@ class Reducer : public GradientReducer {
         }
         std::vector<Tensor> flat;
         for (const Tensor& g : parts[b]) flat.push_back(g.reshape({g.numel()}));
-        reduced = all_reduce(flat.size() == 1 ? flat[0] : concat(flat, 0), ReduceOp::Mean);
+        reduced = all_reduce(flat.size() == 1 ? flat[0] : concat(flat, 0), ReduceOp::Sum);
       }
       ++all_reduces;
+      if (b == 0) tags = reduced.slice(0, reduced.numel() - world, reduced.numel());
       int64_t offset = 0;
       for (size_t k : members[b]) {
         const int64_t n = params_[k].numel();
-        grads[static_cast<size_t>(where[k])] = reduced.slice(0, offset, offset + n).reshape(params_[k].shape());
+        grads[static_cast<size_t>(where[k])] =
+            reduced.slice(0, offset, offset + n).reshape(params_[k].shape()) / static_cast<double>(world);
         offset += n;
       }
     }
     return true;
+  }
+
+  std::vector<Tensor> realized_with_step() override { return tags.defined() ? std::vector<Tensor>{tags} : std::vector<Tensor>{}; }
+
+  void after_step() override {
+    if (!tags.defined()) return;
+    const std::vector<double> counts = tags.to_doubles();
+    const DType dtype = tags.dtype();
+    tags = Tensor();
+    for (size_t r = 1; r < counts.size(); ++r)
+      KILN_CHECK(counts[r] == counts[0], "DataParallel",
+                 "the ranks all-reduced gradients of different steps together: rank 0 was at backward pass {} and rank "
+                 "{} at pass {} (counted modulo {}); every rank must run the same steps, each with the same no_sync() "
+                 "and accumulate(k)",
+                 counts[0], r, counts[r], exact_integers(dtype));
   }
 
   // Gradient accumulation over `accumulate` calls: the first ones add their gradients to sums
@@ -172,6 +212,8 @@ class Reducer : public GradientReducer {
   std::unordered_map<const Var*, size_t> index_;  // a parameter's position in params_
   bool no_sync = false;
   int64_t all_reduces = 0;
+  int64_t passes = 0;  // reduce() calls: backward passes, synced or not
+  Tensor tags;         // the first bucket's summed step tags, until after_step() reads them
   int64_t accumulate = 1, calls = 0;
   std::vector<Tensor> sums;  // gradients accumulated so far (per optimizer gradient)
 };

@@ -81,9 +81,9 @@ void Optimizer::apply_gradients(std::vector<Tensor> grads, std::vector<Tensor> o
 // Hands each gradient reducer (distributed::DataParallel) the gradients of its parameters, in
 // parameter order, with the tensors this step realizes anyway. False when a reducer keeps them
 // for a later step (accumulation): then this call updates nothing.
-bool Optimizer::reduce_gradients(std::vector<Tensor>& grads, const std::vector<Tensor>& extra) const {
+bool Optimizer::reduce_gradients(std::vector<Tensor>& grads, const std::vector<Tensor>& extra,
+                                 std::vector<std::shared_ptr<GradientReducer>>& reducers) const {
   std::vector<Tensor> params = parameters();
-  std::vector<std::shared_ptr<GradientReducer>> reducers;
   for (const Tensor& p : params)
     if (auto r = gradient_reducer(p); r && std::find(reducers.begin(), reducers.end(), r) == reducers.end())
       reducers.push_back(std::move(r));
@@ -112,7 +112,8 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, cons
   resize_state();
   NoGradGuard no_grad;
   AutocastGuard no_autocast(false);  // updates run in the parameters' type
-  if (!reduce_gradients(grads, extra)) return;  // accumulated for a later step
+  std::vector<std::shared_ptr<GradientReducer>> reducers;
+  if (!reduce_gradients(grads, extra, reducers)) return;  // accumulated for a later step
   // State tensors start as realized zeros, so the first step's graph is the same as every
   // later one's and the plan cache serves all of them.
   std::vector<Tensor> fresh;
@@ -182,7 +183,10 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, cons
     if (t.defined() && !t.is_realized()) outputs.push_back(t);
   for (const Tensor& t : extra)
     if (t.defined()) outputs.push_back(t);
+  for (const auto& reducer : reducers)
+    for (Tensor& t : reducer->realized_with_step()) outputs.push_back(std::move(t));
   if (!outputs.empty()) sync(outputs);
+  for (const auto& reducer : reducers) reducer->after_step();
 }
 
 void Optimizer::assign(Tensor& target, const Tensor& value) {

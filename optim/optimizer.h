@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <map>
+#include <memory>
 #include <ranges>
 #include <string>
 #include <vector>
@@ -22,6 +23,9 @@
 #include "core/options.h"
 #include "core/tensor.h"
 
+namespace kiln {
+class GradientReducer;  // core/autograd.h
+}
 
 namespace kiln::optim {
 
@@ -132,7 +136,8 @@ class Optimizer {
   void step_outputs(std::vector<Tensor> outputs);
   void step_loss(const Tensor& loss, std::vector<Tensor> outputs);
   void apply(std::vector<Tensor> grads, std::vector<Tensor> extra, const Tensor& skip);
-  bool reduce_gradients(std::vector<Tensor>& grads, const std::vector<Tensor>& extra) const;
+  bool reduce_gradients(std::vector<Tensor>& grads, const std::vector<Tensor>& extra,
+                        std::vector<std::shared_ptr<GradientReducer>>& reducers) const;
   void update_unless(const Tensor& skip, size_t group, Tensor& param, const Tensor& grad, ParamState& state);
   std::vector<std::vector<ParamState>> state_;  // [group][index]
   std::vector<Tensor> synced_with_step_;

@@ -170,6 +170,34 @@ TEST_CASE("NoSyncGuard keeps each rank's own gradients", "[distributed][train]")
   if (n > 1) CHECK(std::vector<double>(all.begin(), all.begin() + 40) != std::vector<double>(all.end() - 40, all.end()));
 }
 
+TEST_CASE("ranks that all-reduce different steps together fail after the step and name both counts", "[distributed][train]") {
+  dist::init();
+  const int n = dist::world_size(), me = dist::rank();
+  if (n == 1) return;
+  Mlp local(6);
+  dist::DataParallel model(local);
+  optim::SGD opt(model.parameters(), optim::SGDOptions(0.1));
+  auto step = [&](int k) {
+    auto [x, y] = global_batch(k, n);
+    opt.step(loss_of(model, x.slice(0, 4 * me, 4 * me + 4), y.slice(0, 4 * me, 4 * me + 4)));
+  };
+  step(0);  // every rank syncs: counts agree
+  // The last rank keeps its second pass local, so its third pass's all-reduce meets the others'
+  // second: same bucket sizes, so MPI sees nothing wrong, but the counts in the first bucket differ.
+  if (me == n - 1) {
+    {
+      dist::NoSyncGuard no_sync(model);
+      step(1);
+    }
+    CHECK_THROWS_WITH(step(2), Catch::Contains("different steps") && Catch::Contains("rank 0 was at backward pass 2") &&
+                                   Catch::Contains(fmt::format("rank {} at pass 3", n - 1)));
+  } else {
+    CHECK_THROWS_WITH(step(1), Catch::Contains("different steps") && Catch::Contains("rank 0 was at backward pass 2") &&
+                                   Catch::Contains(fmt::format("rank {} at pass 3", n - 1)));
+  }
+  CHECK(model.all_reduce_count() == 2 * static_cast<int64_t>(model.bucket_plan().buckets.size()));
+}
+
 TEST_CASE("DataParallel names a parameter that differs between ranks", "[distributed]") {
   dist::init();
   if (dist::world_size() == 1) return;

@@ -34,7 +34,7 @@ namespace kiln {
   X(Matmul, Library) X(Conv2d, Library) X(Conv2dBackwardData, Library)                  \
   X(Conv2dBackwardWeight, Library)                                                      \
   /* collectives: a kernel the executor starts and waits for (jit/collective.h) */      \
-  X(AllReduce, Library)
+  X(AllReduce, Library) X(Send, Library) X(Recv, Library)
 
 enum class Op : uint8_t {
 #define KILN_OP_ENUM(name, kind) name,

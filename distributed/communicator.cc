@@ -109,8 +109,9 @@ void check_mpi(int code, const char* op) {
   KILN_FAIL(op, "MPI failed on rank {} of {}: {}", world().rank, world().size, std::string(text, length));
 }
 
-// Polls `request` until it completes or the collective timeout passes.
-void wait_request(MPI_Request& request, const char* op) {
+// Polls `request` until it completes or the collective timeout passes; `peer`: the one rank a
+// receive waits for, or -1 for a collective.
+void wait_request(MPI_Request& request, const char* op, int64_t peer = -1) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto limit = std::chrono::duration<double>(flags().collective_timeout);
@@ -118,6 +119,10 @@ void wait_request(MPI_Request& request, const char* op) {
   for (int polls = 0;; ++polls) {
     check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), op);
     if (done) return;
+    if (Clock::now() - start > limit && peer >= 0)
+      KILN_FAIL(op, "rank {} waited {} s (KILN_COLLECTIVE_TIMEOUT) for a message from rank {}: rank {} failed, exited, "
+                "or runs another schedule",
+                world().rank, flags().collective_timeout, peer, peer);
     if (Clock::now() - start > limit)
       KILN_FAIL(op, "rank {} of {} waited {} s for the other ranks (KILN_COLLECTIVE_TIMEOUT): one of them failed, "
                 "exited, or skipped this collective (every rank must call the same collectives in the same order)",
@@ -132,6 +137,12 @@ int mpi_count(int64_t n, const char* op) {
   KILN_CHECK(n <= INT32_MAX, op, "{} elements (or bytes) are more than one MPI call takes (2^31 - 1); split the tensor",
              n);
   return static_cast<int>(n);
+}
+
+// A message tag as MPI takes it: every MPI guarantees tags up to 32767.
+int mpi_tag(int64_t tag, const char* op) {
+  KILN_CHECK(tag >= 0 && tag <= 32767, op, "message tag {} is outside [0, 32767], the tags every MPI accepts", tag);
+  return static_cast<int>(tag);
 }
 
 // Starts a non-blocking MPI call (`start` fills in the request) and waits for it.
@@ -151,41 +162,129 @@ class MpiEngine : public jit::CollectiveEngine {
                              mpi_op(op == 2 ? ReduceOp::Max : ReduceOp::Sum, dtype), MPI_COMM_WORLD, &request),
               name);
     std::lock_guard<std::mutex> lock(mutex_);
-    requests_.emplace(next_, request);
+    requests_.emplace(next_, Request{request, -1});
     return next_++;
   }
 
   void wait(int64_t handle) override {
-    MPI_Request request;
+    Request r;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = requests_.find(handle);
       KILN_CHECK(it != requests_.end(), "distributed::all_reduce", "no collective in flight with handle {}", handle);
-      request = it->second;
+      r = it->second;
       requests_.erase(it);
     }
-    wait_request(request, "distributed::all_reduce");
+    wait_request(r.request, r.peer >= 0 ? "distributed::recv" : "distributed::all_reduce", r.peer);
+  }
+
+  void start_send(const void* data, int64_t count, DType dtype, int64_t peer, int64_t tag,
+                  std::shared_ptr<void> keep) override {
+    const char* name = "distributed::send";
+    check_peer(peer, name);
+    MPI_Request request;
+    const int64_t bytes = count * static_cast<int64_t>(dtype_size(dtype));  // bytes: half types too
+    check_mpi(MPI_Isend(data, mpi_count(bytes, name), MPI_BYTE, static_cast<int>(peer), mpi_tag(tag, name),
+                        MPI_COMM_WORLD, &request),
+              name);
+    std::lock_guard<std::mutex> lock(mutex_);
+    sends_.push_back({request, std::move(keep), Clock::now(), peer, tag});
+  }
+
+  int64_t start_recv(void* data, int64_t count, DType dtype, int64_t peer, int64_t tag) override {
+    const char* name = "distributed::recv";
+    check_peer(peer, name);
+    MPI_Request request;
+    const int64_t bytes = count * static_cast<int64_t>(dtype_size(dtype));
+    check_mpi(MPI_Irecv(data, mpi_count(bytes, name), MPI_BYTE, static_cast<int>(peer), mpi_tag(tag, name),
+                        MPI_COMM_WORLD, &request),
+              name);
+    std::lock_guard<std::mutex> lock(mutex_);
+    requests_.emplace(next_, Request{request, peer});
+    return next_++;
   }
 
   void progress() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [handle, request] : requests_) {
+    for (auto& [handle, r] : requests_) {
       int done = 0;
       // A completed request becomes MPI_REQUEST_NULL, which wait() then finds done at once.
-      MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+      MPI_Test(&r.request, &done, MPI_STATUS_IGNORE);
+    }
+    reap_sends();
+  }
+
+  // Waits (up to the collective timeout) for every send to be received: before MPI_Finalize,
+  // which must not find a message in flight. Never throws.
+  void flush_sends() noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    while (!sends_.empty()) {
+      try {
+        reap_sends();
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "[kiln] {}\n", e.what());
+        for (Send& s : sends_) MPI_Cancel(&s.request);
+        sends_.clear();
+        return;
+      }
+      if (!sends_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
   }
 
  private:
+  using Clock = std::chrono::steady_clock;
+  struct Send {
+    MPI_Request request;
+    std::shared_ptr<void> keep;
+    Clock::time_point since;
+    int64_t peer, tag;
+  };
+
+  static void check_peer(int64_t peer, const char* name) {
+    KILN_CHECK(peer >= 0 && peer < world().size && peer != world().rank, name,
+               "rank {} cannot exchange a message with rank {} in a world of {}", world().rank, peer, world().size);
+  }
+
+  // Drops the sends that have gone; a send older than the collective timeout is an Error naming
+  // the rank that never received it.
+  void reap_sends() {
+    const auto limit = std::chrono::duration<double>(flags().collective_timeout);
+    for (size_t i = 0; i < sends_.size();) {
+      int done = 0;
+      check_mpi(MPI_Test(&sends_[i].request, &done, MPI_STATUS_IGNORE), "distributed::send");
+      if (done) {
+        sends_.erase(sends_.begin() + static_cast<std::ptrdiff_t>(i));
+        continue;
+      }
+      if (Clock::now() - sends_[i].since > limit) {
+        const Send s = sends_[i];
+        sends_.erase(sends_.begin() + static_cast<std::ptrdiff_t>(i));
+        KILN_FAIL("distributed::send",
+                  "rank {} sent a message (tag {}) that rank {} has not received after {} s (KILN_COLLECTIVE_TIMEOUT): "
+                  "rank {} failed, exited, or runs another schedule",
+                  world().rank, s.tag, s.peer, flags().collective_timeout, s.peer);
+      }
+      ++i;
+    }
+  }
+
   std::mutex mutex_;
-  std::unordered_map<int64_t, MPI_Request> requests_;
+  struct Request {
+    MPI_Request request;
+    int64_t peer;  // a receive's sender; -1 for an all-reduce
+  };
+  std::unordered_map<int64_t, Request> requests_;
+  std::vector<Send> sends_;  // started, not yet received, in start order
   int64_t next_ = 0;
 };
+
+MpiEngine* g_engine = nullptr;
 
 #endif  // KILN_WITH_MPI
 
 World::~World() {
 #if KILN_WITH_MPI
+  if (g_engine) g_engine->flush_sends();
   int finalized = 0;
   if (mpi && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) MPI_Finalize();
 #endif
@@ -255,8 +354,9 @@ void init() {
     check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &w.size), "distributed::init");
     w.mpi = true;
     if (w.size > 1) {
-      static MpiEngine engine;  // never destroyed before the plans that may use it
-      jit::set_collective_engine(&engine);
+      // Never destroyed: plans may use it until exit, and ~World flushes its sends.
+      g_engine = new MpiEngine;
+      jit::set_collective_engine(g_engine);
     }
   }
 #else

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <queue>
 #include <unordered_map>
 
 #include "memory/recompute_order.h"
@@ -74,6 +75,37 @@ void defer_collective_readers(std::vector<NodePtr>& nodes) {
   for (size_t i = 0; i < n; ++i) nodes[i]->visit_index = static_cast<int64_t>(i);
 }
 
+// Puts the nodes in the order they were recorded (by id), as far as their dependencies allow. A
+// graph with sends and receives (pipeline stages) must run them in the order the program issued
+// them, which is the order every other rank expects: a schedule that is free of deadlocks when
+// run op by op stays free of them as a plan.
+void order_as_recorded(std::vector<NodePtr>& nodes) {
+  const size_t n = nodes.size();
+  std::vector<int> missing(n, 0);
+  std::vector<std::vector<int>> readers(n);
+  for (size_t i = 0; i < n; ++i)
+    for (const NodePtr& in : nodes[i]->inputs)
+      if (!in->realized()) {
+        missing[i]++;
+        readers[in->visit_index].push_back(static_cast<int>(i));
+      }
+  auto later = [&](int a, int b) { return nodes[a]->id > nodes[b]->id; };
+  std::priority_queue<int, std::vector<int>, decltype(later)> ready(later);
+  for (size_t i = 0; i < n; ++i)
+    if (missing[i] == 0) ready.push(static_cast<int>(i));
+  std::vector<NodePtr> order;
+  order.reserve(n);
+  while (!ready.empty()) {
+    const int i = ready.top();
+    ready.pop();
+    order.push_back(nodes[i]);
+    for (int r : readers[i])
+      if (--missing[r] == 0) ready.push(r);
+  }
+  nodes = std::move(order);
+  for (size_t i = 0; i < n; ++i) nodes[i]->visit_index = static_cast<int64_t>(i);
+}
+
 // The plan cache's key: everything that changes the generated code (ops, dtypes, shapes,
 // devices, attributes, wiring, which outputs replace which inputs), nothing that is data. Raw
 // bytes, not text: this runs on every realize and must cost microseconds. Also fills
@@ -138,7 +170,7 @@ PendingGraph collect_pending(const std::vector<NodePtr>& targets) {
   auto is_update = [](const NodePtr& t) {
     return !t->replaces.expired() || (t->op == Op::Cast && !t->inputs.empty() && !t->inputs[0]->replaces.expired());
   };
-  bool has_collective = false;
+  bool has_collective = false, has_message = false;
   std::vector<NodePtr> ordered = targets;
   auto updates = std::stable_partition(ordered.begin(), ordered.end(), [&](const NodePtr& t) { return !is_update(t); });
   std::reverse(updates, ordered.end());
@@ -167,16 +199,22 @@ PendingGraph collect_pending(const std::vector<NodePtr>& targets) {
         continue;
       }
       node->visit_index = static_cast<int64_t>(g.nodes.size());
-      has_collective |= node->op == Op::AllReduce;  // noted here: every realize collects, cached plan or not
+      // Noted here: every realize collects, cached plan or not.
+      has_collective |= node->op == Op::AllReduce;
+      has_message |= node->op == Op::Send || node->op == Op::Recv;
       g.nodes.push_back(node->shared_from_this());
       stack.pop_back();
     }
   }
-  if (std::any_of(g.nodes.begin(), g.nodes.end(), [](const NodePtr& n) { return n->recompute; }))
-    memory::order_for_recompute(g.nodes);
-  else
-    defer_updates(g.nodes);
-  if (has_collective) defer_collective_readers(g.nodes);
+  if (has_message) {
+    order_as_recorded(g.nodes);
+  } else {
+    if (std::any_of(g.nodes.begin(), g.nodes.end(), [](const NodePtr& n) { return n->recompute; }))
+      memory::order_for_recompute(g.nodes);
+    else
+      defer_updates(g.nodes);
+    if (has_collective) defer_collective_readers(g.nodes);
+  }
   std::vector<bool> is_output(g.nodes.size(), false);
   for (const NodePtr& t : targets)
     if (!t->realized()) is_output[t->visit_index] = true;

@@ -32,16 +32,36 @@ class InFlight {
  public:
   bool empty() const { return pending_.empty(); }
 
-  // Packs the inputs into the output buffer and starts the all-reduce there, in place: the
-  // inputs may die at once (the planner reuses their memory), the output lives until its readers.
+  // All-reduce: packs the inputs into the output buffer and starts the all-reduce there, in place:
+  // the inputs may die at once (the planner reuses their memory), the output lives until its
+  // readers. Send: copies the input into memory the engine keeps until the message has gone.
+  // Recv: starts receiving into the output buffer.
   void start(const Kernel& kernel, void* const* ptrs, Device device) {
     CollectiveEngine* engine = collective_engine();
-    KILN_CHECK(engine != nullptr, "all_reduce",
-               "a plan holds an all-reduce but no world of several processes is joined; call "
-               "kiln::distributed::init() under mpirun");
-    KILN_CHECK(device.is_cpu(), "all_reduce", "all-reduces inside a plan run on host tensors; got {}", device.str());
+    const CollectiveCall& c = kernel.collective;
+    const char* what = c.kind == CollectiveKind::AllReduce ? "all_reduce" : c.kind == CollectiveKind::Send ? "send" : "recv";
+    KILN_CHECK(engine != nullptr, what,
+               "a plan holds a collective ({}) but no world of several processes is joined; call "
+               "kiln::distributed::init() under mpirun",
+               kernel.summary);
+    KILN_CHECK(device.is_cpu(), what, "collectives inside a plan run on host tensors; got {}", device.str());
     const int out = kernel.buffers[0].slot;
     const size_t element = dtype_size(kernel.buffers[0].dtype);
+    if (c.kind == CollectiveKind::Send) {
+      const size_t bytes = static_cast<size_t>(c.counts[0]) * element;
+      std::shared_ptr<Storage> copy = memory::allocate_storage(std::max<size_t>(bytes, 1), device);
+      if (bytes > 0) std::memcpy(copy->data, ptrs[kernel.buffers[c.in_buffers[0]].slot], bytes);
+      std::memset(ptrs[out], 0, element);
+      engine->start_send(copy->data, c.counts[0], kernel.buffers[0].dtype, c.peer, c.tag, copy);
+      stats().messages_sent++;
+      return;
+    }
+    if (c.kind == CollectiveKind::Recv) {
+      pending_.push_back({out, engine->start_recv(ptrs[out], kernel.out_numel, kernel.buffers[0].dtype, c.peer, c.tag),
+                          &kernel});
+      stats().messages_received++;
+      return;
+    }
     char* to = static_cast<char*>(ptrs[out]);
     for (size_t i = 0; i < kernel.collective.in_buffers.size(); ++i) {
       const void* from = ptrs[kernel.buffers[kernel.collective.in_buffers[i]].slot];
@@ -95,7 +115,9 @@ class InFlight {
   static void finish(const Pending& p) {
     auto start = std::chrono::steady_clock::now();
     collective_engine()->wait(p.handle);
-    stats().collective_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    stats().collective_wait_seconds += waited;
+    if (p.kernel->collective.kind == CollectiveKind::Recv) stats().recv_wait_seconds += waited;
     if (flags().log >= 2)
       fmt::print(stderr, "[kiln]   {:<10} {:>9.1f} us  wait {}\n", p.kernel->name,
                  std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count(),

@@ -76,12 +76,16 @@ struct ConvCall {
   ConvGeometry geometry;
 };
 
-// An all-reduce: the input buffers' values laid end to end in the output buffer, reduced over the
-// ranks there.
+// A collective. All-reduce: the input buffers' values laid end to end in the output buffer,
+// reduced over the ranks there. Send: the one input's values go to rank `peer` (the output is a
+// token). Recv: the output's values come from rank `peer`.
+enum class CollectiveKind : uint8_t { AllReduce, Send, Recv };
 struct CollectiveCall {
+  CollectiveKind kind = CollectiveKind::AllReduce;
   std::vector<int> in_buffers;  // kernel buffers, in order
   std::vector<int64_t> counts;  // elements of each
-  int64_t op = 0;               // 0 sum, 2 max (as prim::all_reduce)
+  int64_t op = 0;               // all-reduce: 0 sum, 2 max (as prim::all_reduce)
+  int64_t peer = -1, tag = 0;   // send and recv
 };
 
 // A further output of an elementwise kernel: value `value` stored into buffer `buffer` (marked

@@ -414,9 +414,19 @@ Kernel build_collective(Lowerer& s, const Node* node, int slot) {
     k.collective.in_buffers.push_back(contiguous_operand(s, k, in.get()));
     k.collective.counts.push_back(in->numel());
   }
-  k.collective.op = node->ints[0];
   k.out_numel = node->numel();
-  k.summary = fmt::format("AllReduce {} [{}]", node->ints[0] == 0 ? "sum" : "max", node->numel());
+  CollectiveCall& c = k.collective;
+  if (node->op == Op::AllReduce) {
+    c.op = node->ints[0];
+    k.summary = fmt::format("AllReduce {} [{}]", node->ints[0] == 0 ? "sum" : "max", node->numel());
+  } else {
+    c.kind = node->op == Op::Send ? CollectiveKind::Send : CollectiveKind::Recv;
+    c.peer = node->ints[0];
+    c.tag = node->ints[1];
+    k.summary = node->op == Op::Send
+                    ? fmt::format("Send {} to rank {} tag {}", shape_str(node->inputs[0]->shape), c.peer, c.tag)
+                    : fmt::format("Recv {} from rank {} tag {}", shape_str(node->shape), c.peer, c.tag);
+  }
   return k;
 }
 
@@ -474,7 +484,7 @@ bool Lowerer::build_kernels() {
         if (k.out_numel == 1 && !all_affine(k)) k = build_reduce(*this, node, slot, false);
         break;
       case OpKind::Library: {
-        if (node->op == Op::AllReduce) {
+        if (node->op == Op::AllReduce || node->op == Op::Send || node->op == Op::Recv) {
           k = build_collective(*this, node, slot);
           break;
         }

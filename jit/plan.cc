@@ -57,7 +57,9 @@ std::vector<PackedPlace> pack_collective_inputs(const Plan& plan, const std::vec
   std::vector<PackedPlace> place(s.slots.size());
   for (size_t k = 0; k < s.kernels.size(); ++k) {
     const Kernel& kernel = s.kernels[k];
-    if (kernel.kind != KernelKind::Collective || in_row_group(plan, k)) continue;
+    if (kernel.kind != KernelKind::Collective || kernel.collective.kind != CollectiveKind::AllReduce ||
+        in_row_group(plan, k))
+      continue;
     const int out = kernel.buffers[0].slot;
     if (!intermediate(out)) continue;
     const int64_t element = static_cast<int64_t>(dtype_size(kernel.buffers[0].dtype));

@@ -29,6 +29,8 @@ struct JitStats {
   int64_t collectives_started = 0;
   int64_t kernels_during_collectives = 0;
   double collective_wait_seconds = 0;  // blocked in waits for collectives (not hidden by kernels)
+  double recv_wait_seconds = 0;        // of which waiting for point-to-point messages (Recv)
+  int64_t messages_sent = 0, messages_received = 0;
 };
 
 JitStats& stats();

@@ -225,6 +225,7 @@ constexpr GradEntry kGradRules[] = {
     {Op::Gather, gather_grad}, {Op::ScatterAdd, scatter_add_grad},
     {Op::Matmul, matmul_grad}, {Op::Conv2d, conv2d_grad}, {Op::Conv2dBackwardData, conv2d_backward_data_grad},
     {Op::Conv2dBackwardWeight, conv2d_backward_weight_grad}, {Op::AllReduce, all_reduce_grad},
+    {Op::Send, no_grad_inputs}, {Op::Recv, no_grad_inputs},
 };
 
 constexpr bool covers_every_op() {

@@ -229,6 +229,17 @@ Tensor all_reduce(const Tensor& x, int64_t op, int64_t world) {
   return make(Op::AllReduce, x.dtype(), x.shape(), {x}, {op, world});
 }
 
+Tensor send(const Tensor& x, int64_t to, int64_t tag) {
+  KILN_CHECK(to >= 0 && tag >= 0 && x.device().is_cpu(), "send",
+             "sends a host tensor to a rank >= 0 with a tag >= 0; got {} to rank {} with tag {}", x.str(), to, tag);
+  return make(Op::Send, x.dtype(), {1}, {x}, {to, tag});
+}
+
+Tensor recv(const Shape& shape, DType dtype, int64_t from, int64_t tag) {
+  KILN_CHECK(from >= 0 && tag >= 0, "recv", "receives from a rank >= 0 with a tag >= 0; got rank {} with tag {}", from, tag);
+  return make(Op::Recv, dtype, shape, {}, {from, tag});
+}
+
 Tensor all_reduce(const std::vector<Tensor>& parts, int64_t op, int64_t world) {
   KILN_CHECK(!parts.empty(), "all_reduce", "needs at least one tensor");
   if (parts.size() == 1) return all_reduce(parts[0].reshape({parts[0].numel()}), op, world);

@@ -26,6 +26,7 @@
 #include "core/tensor.h"
 #include "distributed/communicator.h"
 #include "distributed/data_parallel.h"
+#include "distributed/pipeline.h"
 #include "jit/stats.h"
 #include "memory/allocator.h"
 #include "memory/pool.h"

@@ -1,0 +1,159 @@
+// Pipeline parallel in any world (1 process under plain ctest; 2, 3 and 4 stages in the mpi.*
+// entries): each rank trains its stage and ends with the parameters one process gets on the
+// whole model and batch.
+#include <catch2/catch.hpp>
+#include <kiln/kiln.h>
+
+#include <map>
+
+using namespace kiln;
+namespace dist = kiln::distributed;
+
+namespace {
+
+constexpr int64_t kLayers = 8;
+
+// A float64 MLP of kLayers layers (Linear and Tanh alternating), the same on every rank.
+nn::Sequential mlp(uint64_t seed) {
+  manual_seed(seed);
+  nn::Sequential net;
+  for (int64_t i = 0; i < kLayers / 2; ++i) {
+    net.push_back(nn::Linear(nn::LinearOptions(6, 6).dtype(DType::Float64)));
+    net.push_back(nn::Tanh());
+  }
+  return net;
+}
+
+std::pair<Tensor, Tensor> batch(int step) {
+  manual_seed(500 + static_cast<uint64_t>(step));
+  return {randn({8, 6}, DType::Float64).realize(), randn({8, 6}, DType::Float64).realize()};
+}
+
+Tensor mse(const Tensor& out, const Tensor& target) { return mse_loss(out, target); }
+
+// Trains `steps` steps of SGD momentum through a Pipeline and, on every rank, the same model in
+// one process; checks this rank's stage against the single process, and the loss on the last stage.
+void check_against_one_process(dist::PipelineSchedule schedule, int64_t micro_batches, int steps) {
+  dist::init();
+  nn::Sequential whole = mlp(3);
+  dist::Pipeline pipe(mlp(3), dist::PipelineOptions().micro_batches(micro_batches).schedule(schedule));
+  optim::SGD opt(pipe.parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  optim::SGD reference(whole.parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < steps; ++step) {
+    auto [x, y] = batch(step);
+    Tensor loss = pipe.train_step(opt, x, y, mse);
+    Tensor expected = mse(whole.forward(x), y);
+    reference.step(expected);
+    if (pipe.is_last()) {
+      REQUIRE(loss.defined());
+      CHECK(loss.item() == Approx(expected.item()).epsilon(1e-12));
+    } else {
+      CHECK_FALSE(loss.defined());
+    }
+  }
+  std::map<std::string, Tensor> full;
+  for (const auto& [name, p] : whole.named_parameters()) full[name] = p;
+  const auto named = pipe.named_parameters();
+  CHECK(!named.empty());
+  for (const auto& [name, p] : named) {
+    INFO("parameter " << name << " on stage " << pipe.stage());
+    REQUIRE(full.count(name) == 1);
+    std::vector<double> got = p.to_doubles(), want = full[name].to_doubles();
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-12));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("pipeline orders: every forward before its backward, 1F1B holds at most stages - stage", "[pipeline]") {
+  for (int64_t p : {1, 2, 4})
+    for (int64_t m : {1, 3, 8})
+      for (int64_t s = 0; s < p; ++s)
+        for (auto schedule : {dist::PipelineSchedule::GPipe, dist::PipelineSchedule::OneFOneB}) {
+          auto order = dist::pipeline_order(schedule, p, s, m);
+          REQUIRE(order.size() == static_cast<size_t>(2 * m));
+          std::vector<int> forwarded(static_cast<size_t>(m), 0), backwarded(static_cast<size_t>(m), 0);
+          int64_t live = 0, peak = 0;
+          for (const auto& a : order) {
+            if (a.forward) {
+              forwarded[static_cast<size_t>(a.micro_batch)]++;
+              peak = std::max(peak, ++live);
+            } else {
+              CHECK(forwarded[static_cast<size_t>(a.micro_batch)] == 1);
+              backwarded[static_cast<size_t>(a.micro_batch)]++;
+              --live;
+            }
+          }
+          CHECK(std::all_of(backwarded.begin(), backwarded.end(), [](int b) { return b == 1; }));
+          CHECK(peak == (schedule == dist::PipelineSchedule::GPipe ? m : std::min(m, p - s)));
+        }
+}
+
+TEST_CASE("pipeline stages follow balance or split the parameters evenly, and reject bad numbers", "[pipeline]") {
+  nn::Sequential net = mlp(1);  // 4 Linear(6, 6) with a Tanh after each
+  CHECK(dist::pipeline_stages(net, {3, 5}, 2) == std::vector<int64_t>{0, 3, 8});
+  CHECK(dist::pipeline_stages(net, {}, 2) == std::vector<int64_t>{0, 4, 8});
+  CHECK(dist::pipeline_stages(net, {}, 4) == std::vector<int64_t>{0, 2, 4, 6, 8});
+  CHECK(dist::pipeline_stages(net, {}, 8) == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8});
+  CHECK_THROWS_WITH(dist::pipeline_stages(net, {3, 4}, 2), Catch::Contains("sums to 7 layers but the model has 8"));
+  CHECK_THROWS_WITH(dist::pipeline_stages(net, {8}, 2), Catch::Contains("balance gives 1 stages but the world has 2"));
+  CHECK_THROWS_WITH(dist::pipeline_stages(net, {8, 0}, 2), Catch::Contains("at least one layer"));
+  CHECK_THROWS_WITH(dist::pipeline_stages(net, {}, 9), Catch::Contains("9 stages need at least one layer each"));
+}
+
+TEST_CASE("pipeline rejects micro-batches that do not divide the batch", "[pipeline][distributed]") {
+  dist::init();
+  dist::Pipeline pipe(mlp(2), dist::PipelineOptions().micro_batches(3));
+  optim::SGD opt(pipe.parameters(), optim::SGDOptions(0.1));
+  auto [x, y] = batch(0);
+  CHECK_THROWS_WITH(pipe.train_step(opt, x, y, mse), Catch::Contains("into 3 equal micro-batches"));
+  CHECK_THROWS_WITH(dist::Pipeline(mlp(2), dist::PipelineOptions().micro_batches(0)), Catch::Contains("micro_batches"));
+}
+
+TEST_CASE("a GPipe pipeline trains like one process on the whole model", "[pipeline][distributed][train]") {
+  check_against_one_process(dist::PipelineSchedule::GPipe, 4, 10);
+}
+
+TEST_CASE("a 1F1B pipeline trains like one process on the whole model", "[pipeline][distributed][train]") {
+  check_against_one_process(dist::PipelineSchedule::OneFOneB, 4, 10);
+}
+
+TEST_CASE("a pipeline step is one plan per rank and 1F1B keeps fewer micro-batches than GPipe", "[pipeline][distributed]") {
+  dist::init();
+  if (!flags().lazy) return;  // eager mode runs every op on its own
+  auto peak = [](dist::PipelineSchedule schedule) {
+    dist::Pipeline pipe(mlp(4), dist::PipelineOptions().micro_batches(8).schedule(schedule));
+    optim::SGD opt(pipe.parameters(), optim::SGDOptions(0.1));
+    auto [x, y] = batch(1);
+    pipe.train_step(opt, x, y, mse);  // learns the layouts, makes the plan
+    const jit::JitStats before = jit::stats();
+    pipe.train_step(opt, x, y, mse);
+    const jit::JitStats after = jit::stats();
+    CHECK(after.plans_built + after.plan_cache_hits - before.plans_built - before.plan_cache_hits == 1);
+    const int64_t messages = (pipe.is_first() ? 0 : 1) + (pipe.is_last() ? 0 : 1);
+    CHECK(after.messages_sent - before.messages_sent == 8 * messages);
+    CHECK(after.messages_received - before.messages_received == 8 * messages);
+    return pipe.last_step().peak_live_micro_batches;
+  };
+  const int64_t gpipe = peak(dist::PipelineSchedule::GPipe);
+  const int64_t one_f_one_b = peak(dist::PipelineSchedule::OneFOneB);
+  CHECK(gpipe == 8);
+  CHECK(one_f_one_b == std::min<int64_t>(8, dist::world_size() - dist::rank()));
+}
+
+TEST_CASE("pipeline forward gives the whole model's output on the last stage", "[pipeline][distributed]") {
+  dist::init();
+  nn::Sequential whole = mlp(7);
+  dist::Pipeline pipe(mlp(7));
+  auto [x, y] = batch(2);
+  NoGradGuard no_grad;
+  for (int repeat = 0; repeat < 2; ++repeat) {  // the second learns nothing new
+    Tensor out = pipe.forward(x);
+    if (!pipe.is_last()) {
+      CHECK_FALSE(out.defined());
+      continue;
+    }
+    std::vector<double> got = out.to_doubles(), want = whole.forward(x).to_doubles();
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-12));
+  }
+}

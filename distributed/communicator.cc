@@ -204,6 +204,17 @@ class MpiEngine : public jit::CollectiveEngine {
     return next_++;
   }
 
+  void cancel(int64_t handle) noexcept override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = requests_.find(handle);
+    if (it == requests_.end()) return;
+    MPI_Request request = it->second.request;
+    requests_.erase(it);
+    if (request == MPI_REQUEST_NULL) return;
+    MPI_Cancel(&request);
+    MPI_Wait(&request, MPI_STATUS_IGNORE);  // returns at once for a cancelled receive
+  }
+
   void progress() override {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& [handle, r] : requests_) {

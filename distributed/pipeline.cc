@@ -24,8 +24,8 @@ constexpr int64_t kMaxMicroBatches = 8000;
 constexpr int64_t kLayoutTag = kTagBase - 1;
 constexpr size_t kMaxDims = 8;
 
-int64_t activation_tag(int64_t micro_batch) { return kTagBase + 2 * micro_batch; }
-int64_t gradient_tag(int64_t micro_batch) { return kTagBase + 2 * micro_batch + 1; }
+int64_t activation_tag(int64_t micro_batch) { return pipeline_tag(micro_batch, false); }
+int64_t gradient_tag(int64_t micro_batch) { return pipeline_tag(micro_batch, true); }
 
 void send_layout(const Tensor& y, int64_t to) {
   KILN_CHECK(y.dim() <= static_cast<int64_t>(kMaxDims), "Pipeline", "a stage's output has {} axes; at most {} cross stages",
@@ -45,6 +45,8 @@ std::pair<Shape, DType> recv_layout(int64_t from) {
 }
 
 }  // namespace
+
+int64_t pipeline_tag(int64_t micro_batch, bool gradient) { return kTagBase + 2 * micro_batch + (gradient ? 1 : 0); }
 
 std::vector<PipelineAction> pipeline_order(PipelineSchedule schedule, int64_t stages, int64_t stage,
                                            int64_t micro_batches) {

@@ -57,6 +57,10 @@ std::vector<PipelineAction> pipeline_order(PipelineSchedule schedule, int64_t st
 std::vector<int64_t> pipeline_stages(const nn::Sequential& model, const std::vector<int64_t>& balance,
                                      int64_t stages);
 
+// The tag of micro-batch k's activations (sent forward) or gradients (sent back). Pipeline
+// messages use tags from 16382 up: a program's own send()/recv() should use lower ones.
+int64_t pipeline_tag(int64_t micro_batch, bool gradient);
+
 // What the last train_step did on this rank.
 struct PipelineStepStats {
   int64_t peak_live_micro_batches = 0;  // forwards whose backward had not run yet, at most

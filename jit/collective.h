@@ -25,6 +25,9 @@ class CollectiveEngine {
                           std::shared_ptr<void> keep) = 0;
   // Starts receiving `count` elements from rank `peer` with `tag` into `data`; wait() for it.
   virtual int64_t start_recv(void* data, int64_t count, DType dtype, int64_t peer, int64_t tag) = 0;
+  // Abandons a receive that a failed plan no longer waits for: it will not write into its buffer
+  // (a message that already arrived is dropped).
+  virtual void cancel(int64_t handle) noexcept = 0;
   // Blocks until the collective `handle` has finished (or throws after the collective timeout).
   virtual void wait(int64_t handle) = 0;
   // Lets collectives in flight advance (MPI moves bytes only inside its calls); cheap.

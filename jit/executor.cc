@@ -98,6 +98,10 @@ class InFlight {
   // is waited for (bounded by the collective timeout); their errors give way to the first one.
   void abandon() noexcept {
     for (const Pending& p : pending_) {
+      if (p.kernel->collective.kind == CollectiveKind::Recv) {
+        collective_engine()->cancel(p.handle);  // its sender may be the rank that failed
+        continue;
+      }
       try {
         collective_engine()->wait(p.handle);
       } catch (...) {

@@ -157,3 +157,24 @@ TEST_CASE("pipeline forward gives the whole model's output on the last stage", "
     for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-12));
   }
 }
+
+TEST_CASE("a stage that fails mid-step makes the others fail naming it, within the timeout", "[pipeline][distributed]") {
+  dist::init();
+  if (dist::world_size() != 2 || !flags().lazy) return;
+  dist::Pipeline pipe(mlp(8), dist::PipelineOptions().micro_batches(2));
+  optim::SGD opt(pipe.parameters(), optim::SGDOptions(0.1));
+  auto [x, y] = batch(3);
+  pipe.train_step(opt, x, y, mse);  // both stages learn the layouts
+  if (pipe.is_first()) {
+    FlagsGuard guard;
+    flags().collective_timeout = 1.0;
+    CHECK_THROWS_WITH(pipe.train_step(opt, x, y, mse),
+                      Catch::Contains("for a message from rank 1") && Catch::Contains("KILN_COLLECTIVE_TIMEOUT"));
+  } else {
+    auto failing = [](const Tensor&, const Tensor&) -> Tensor { throw std::runtime_error("the loss failed"); };
+    CHECK_THROWS_WITH(pipe.train_step(opt, x, y, failing), Catch::Contains("the loss failed"));
+    // Takes the activations the first stage sent, so that both ranks go on with nothing in flight.
+    for (int64_t k = 0; k < 2; ++k) dist::recv({4, 6}, DType::Float64, 0, static_cast<int>(dist::pipeline_tag(k, false)));
+  }
+  dist::barrier();
+}

@@ -188,6 +188,7 @@ class MpiEngine : public jit::CollectiveEngine {
                         MPI_COMM_WORLD, &request),
               name);
     std::lock_guard<std::mutex> lock(mutex_);
+    reap_sends();  // a rank that never waits for anything (progress()) still lets go of sent messages
     sends_.push_back({request, std::move(keep), Clock::now(), peer, tag});
   }
 

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "distributed/communicator.h"
 #include "jit/stats.h"
+#include "memory/profile.h"
 #include "ops/ops.h"
 #include "ops/primitive.h"
 
@@ -42,6 +43,17 @@ std::pair<Shape, DType> recv_layout(int64_t from) {
       recv({static_cast<int64_t>(kMaxDims) + 2}, DType::Int64, static_cast<int>(from), kLayoutTag).to_vector<int64_t>();
   Shape shape(layout.begin() + 2, layout.begin() + 2 + layout[1]);
   return {shape, static_cast<DType>(layout[0])};
+}
+
+// sum + g as a kernel of its own: a reduction over a unit axis always gets one. Left to fusion,
+// the chain of additions over the micro-batches would fold into the update kernel, and every
+// micro-batch's gradients would stay in memory until then.
+Tensor accumulate(const Tensor& sum, const Tensor& g) {
+  if (!sum.defined()) return g;
+  Tensor s = sum + g;
+  Shape unit = s.shape();
+  unit.insert(unit.begin(), 1);
+  return prim::reduce(Op::ReduceSum, s.reshape(unit), {0}).reshape(s.shape());
 }
 
 }  // namespace
@@ -148,7 +160,7 @@ Tensor Pipeline::train_step(optim::Optimizer& opt, const Tensor& input, const Te
   std::vector<Tensor> xs(static_cast<size_t>(m)), ys(static_cast<size_t>(m)), losses(static_cast<size_t>(m));
   std::vector<Tensor> sums(params.size()), outputs;
   Tensor loss;
-  int64_t live = 0;
+  int64_t live = 0, backwards = 0;
   last_.peak_live_micro_batches = 0;
   for (const PipelineAction& a : pipeline_order(options_.schedule_, stages_, stage_, m)) {
     const auto k = static_cast<size_t>(a.micro_batch);
@@ -184,13 +196,17 @@ Tensor Pipeline::train_step(optim::Optimizer& opt, const Tensor& input, const Te
       grads = grad(ys[k], wrt, g);
     }
     NoGradGuard no_grad;
-    for (size_t i = 0; i < params.size(); ++i) sums[i] = sums[i].defined() ? sums[i] + grads[i] : grads[i];
+    // The last micro-batch's addition may fuse into the update: nothing waits after it.
+    const bool last_backward = ++backwards == m;
+    for (size_t i = 0; i < params.size(); ++i)
+      sums[i] = last_backward && sums[i].defined() ? sums[i] + grads[i] : accumulate(sums[i], grads[i]);
     if (!is_first()) outputs.push_back(prim::send(grads.back(), stage_ - 1, gradient_tag(a.micro_batch)));
     xs[k] = ys[k] = losses[k] = Tensor();
     --live;
   }
   if (loss.defined()) outputs.push_back(loss);
   opt.apply_gradients(std::move(sums), std::move(outputs));
+  if (auto plan = memory::last_plan()) last_.arena_bytes = plan->arena_bytes;
   last_.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   last_.recv_wait_seconds = jit::stats().recv_wait_seconds - waited_before;
   return loss;

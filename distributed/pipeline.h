@@ -64,6 +64,7 @@ int64_t pipeline_tag(int64_t micro_batch, bool gradient);
 // What the last train_step did on this rank.
 struct PipelineStepStats {
   int64_t peak_live_micro_batches = 0;  // forwards whose backward had not run yet, at most
+  int64_t arena_bytes = 0;              // the step plan's intermediates (activations, gradients)
   double step_seconds = 0;              // recording and running the step
   double recv_wait_seconds = 0;         // of which blocked waiting for another stage's message
 };

@@ -16,6 +16,12 @@ struct Mlp : nn::Module {
   }
 };
 
+// The Mlp as a flat list of layers (the same parameters in the same order, so the same seed gives
+// the same weights), for distributed::Pipeline to cut into stages.
+inline nn::Sequential mlp_layers() {
+  return nn::Sequential(nn::Linear(784, 512), nn::ReLU(), nn::Linear(512, 512), nn::ReLU(), nn::Linear(512, 10));
+}
+
 // LeNet-style: conv 32 (3x3, pad 1), ReLU, max pool 2, conv 64, ReLU, max pool 2, fc 128, fc 10.
 struct Cnn : nn::Module {
   Cnn() : Module("Cnn") {}

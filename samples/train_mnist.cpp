@@ -26,6 +26,13 @@
 // --accumulate K splits each batch into K micro-batches, one forward and backward each, and
 // steps once (one all-reduce per K micro-batches under --data-parallel).
 //
+// --pipeline P cuts the MLP into P stages, one per process (mpirun -np P), and trains each batch
+// as --micro-batches M micro-batches in the --schedule order (1f1b or gpipe); every process reads
+// the same batches, the last stage prints, evaluates, and reports each stage's memory and the
+// measured pipeline bubble next to the theory, (P - 1) / (M + P - 1). --save writes one file per
+// stage (mlp.safetensors -> mlp.stage0.safetensors, ...), whose parameter names are the model's.
+//   mpirun -np 2 ./build/samples/train_mnist --pipeline 2 --micro-batches 8 --schedule 1f1b
+//
 // --device cuda trains on cuda:0: the model moves there once, each batch is copied there before
 // its forward (the data set stays in host memory), and the step runs as CUDA kernels and
 // cuBLAS/cuDNN calls; only the loss and the count of correct predictions come back each step.
@@ -81,8 +88,10 @@ static void progress(int epoch, int64_t step, int64_t steps, double loss, double
   std::string bar(filled, '#');
   bar.resize(kWidth, '.');
   auto pool = kiln::memory::pool_stats();
-  fmt::print("\repoch {} [{}] step {}/{}  loss {:.4f}  acc {:5.1f}%  {:6.0f} ex/s  mem {}  ", epoch, bar, step, steps,
-             loss, accuracy, rate, kiln::memory::format_bytes(pool.reserved.current));
+  // A negative accuracy: not measured while training (--pipeline).
+  std::string acc = accuracy < 0 ? "" : fmt::format("  acc {:5.1f}%", accuracy);
+  fmt::print("\repoch {} [{}] step {}/{}  loss {:.4f}{}  {:6.0f} ex/s  mem {}  ", epoch, bar, step, steps, loss, acc,
+             rate, kiln::memory::format_bytes(pool.reserved.current));
   std::fflush(stdout);
 }
 
@@ -94,6 +103,8 @@ struct Settings {
   uint64_t seed = 0;
   bool data_parallel = false;
   int64_t accumulate = 1;
+  int64_t pipeline = 0, micro_batches = 8;
+  std::string schedule = "1f1b";
 };
 
 // --amp: the type autocast runs matmuls and convolutions in (float32 when "none").
@@ -119,7 +130,7 @@ static void print_saved(nn::Module& model, const Tensor& x, const Tensor& labels
 
 static void fit(const Settings& settings, const data::Dataset& train_set, const data::Dataset& test) {
   const auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir,
-               amp, seed, data_parallel, accumulate] = settings;
+               amp, seed, data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule] = settings;
   const kiln::Device run_on = device == "cuda" ? kiln::Device::cuda(0) : kiln::Device::cpu();
   namespace dist = kiln::distributed;
   const bool lead = dist::rank() == 0;  // the rank that prints, evaluates and saves
@@ -231,11 +242,91 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
   }
 }
 
+// --pipeline: every rank reads the same batches; stage s holds only its layers and their
+// optimizer state; the last stage reports.
+static void fit_pipeline(const Settings& settings, const data::Dataset& train_set, const data::Dataset& test) {
+  namespace dist = kiln::distributed;
+  dist::Pipeline pipe(kiln::samples::mlp_layers(),
+                      dist::PipelineOptions().micro_batches(settings.micro_batches).schedule(
+                          settings.schedule == "gpipe" ? dist::PipelineSchedule::GPipe : dist::PipelineSchedule::OneFOneB));
+  const bool lead = pipe.is_last();
+  if (lead)
+    fmt::print("pipeline: {} stages (layers {}), {} micro-batches of {}, {}\n", pipe.stages(),
+               fmt::join(pipe.stage_bounds(), "|"), settings.micro_batches, settings.batch_size / settings.micro_batches,
+               settings.schedule);
+  kiln::optim::SGD optimizer(pipe.parameters(), kiln::optim::SGDOptions(settings.lr).momentum(0.9));
+  data::DataLoader loader(train_set,
+                          data::DataLoaderOptions(settings.batch_size).shuffle(true).seed(settings.seed).drop_last(true));
+  int64_t total_steps = static_cast<int64_t>(loader.size()) * settings.epochs;
+  if (settings.max_steps >= 0) total_steps = std::min(total_steps, settings.max_steps);
+  kiln::optim::CosineAnnealingLR schedule(optimizer, std::max<int64_t>(total_steps, 1));
+  auto loss_fn = [](const Tensor& logits, const Tensor& labels) { return nn::cross_entropy(logits, labels); };
+  int64_t global_step = 0, peak_live = 0, arena = 0;
+  double step_seconds = 0, waited = 0;  // after the first step (which compiles)
+  for (int epoch = 1; epoch <= settings.epochs && global_step != settings.max_steps; ++epoch) {
+    auto start = std::chrono::steady_clock::now();
+    int64_t step = 0, seen = 0;
+    for (data::Batch& batch : loader) {
+      Tensor loss = pipe.train_step(optimizer, batch.input, batch.target, loss_fn);
+      schedule.step();
+      if (global_step > 0) step_seconds += pipe.last_step().step_seconds, waited += pipe.last_step().recv_wait_seconds;
+      peak_live = std::max(peak_live, pipe.last_step().peak_live_micro_batches);
+      arena = std::max(arena, pipe.last_step().arena_bytes);
+      seen += batch.target.numel();
+      ++step;
+      ++global_step;
+      double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (lead && (step % 10 == 0 || step == static_cast<int64_t>(loader.size())))
+        progress(epoch, step, static_cast<int64_t>(loader.size()), loss.item(), -1, seen / seconds);
+      if (global_step == settings.max_steps) break;
+    }
+    // Every stage takes part in the evaluation; the last one counts.
+    kiln::NoGradGuard no_grad;
+    pipe.eval();
+    data::DataLoader eval_loader(test, data::DataLoaderOptions(1000));
+    int64_t correct = 0;
+    for (data::Batch& batch : eval_loader) {
+      Tensor logits = pipe.forward(batch.input);
+      if (lead) correct += static_cast<int64_t>(count_correct(logits, batch.target).item());
+    }
+    pipe.train();
+    if (lead)
+      fmt::print("\nepoch {}: test accuracy {:.2f}%\n", epoch,
+                 100.0 * static_cast<double>(correct) / static_cast<double>(test.size()));
+  }
+  // Per stage: parameter bytes, the step plan's arena (activations and gradients), live micro-batches, and the fraction of
+  // the step spent waiting for another stage (the bubble), gathered on the last stage.
+  int64_t param_bytes = 0;
+  for (const Tensor& p : pipe.parameters()) param_bytes += p.numel() * 4;
+  Tensor mine = kiln::from_vector<double>({static_cast<double>(param_bytes), static_cast<double>(arena),
+                                           static_cast<double>(peak_live), waited / std::max(step_seconds, 1e-9)},
+                                          {1, 4});
+  std::vector<double> all = dist::all_gather(mine).to_doubles();
+  if (!settings.save_path.empty()) {
+    std::filesystem::path path(settings.save_path);
+    std::string stage_path = (path.parent_path() / path.stem()).string() + fmt::format(".stage{}", pipe.stage()) +
+                             (path.has_extension() ? path.extension().string() : ".safetensors");
+    nn::save(pipe, stage_path);
+    fmt::print("stage {}: saved {}\n", pipe.stage(), stage_path);
+  }
+  if (!lead) return;
+  double bubble = 0;
+  for (int64_t s = 0; s < pipe.stages(); ++s) {
+    const double* r = &all[static_cast<size_t>(4 * s)];
+    fmt::print("stage {}: parameters {}, step arena {}, live micro-batches {}, waiting {:.1f}% of the step\n", s,
+               kiln::memory::format_bytes(static_cast<int64_t>(r[0])), kiln::memory::format_bytes(static_cast<int64_t>(r[1])),
+               static_cast<int64_t>(r[2]), 100 * r[3]);
+    bubble += r[3] / static_cast<double>(pipe.stages());
+  }
+  fmt::print("pipeline bubble: measured {:.1f}% (mean over stages), theory (p - 1) / (m + p - 1) = {:.1f}%\n",
+             100 * bubble, 100 * pipe.theoretical_bubble());
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"Train an MLP or a CNN on Fashion-MNIST with kiln"};
   Settings s;
   auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir, amp, seed,
-         data_parallel, accumulate] = s;
+         data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule] = s;
   app.add_option("--epochs", epochs, "passes over the training set")->check(CLI::PositiveNumber);
   app.add_option("--max-steps", max_steps, "stop after this many steps in all (-1: no limit)");
   app.add_option("--batch", batch_size, "examples per step")->check(CLI::PositiveNumber);
@@ -256,6 +347,10 @@ int main(int argc, char** argv) {
                "train on every process mpirun starts, each on its shard; --batch is per process");
   app.add_option("--accumulate", accumulate, "micro-batches per step (gradient accumulation)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--pipeline", pipeline, "cut the MLP into this many pipeline stages, one per process (mpirun -np N)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--micro-batches", micro_batches, "micro-batches per batch under --pipeline")->check(CLI::PositiveNumber);
+  app.add_option("--schedule", pipeline_schedule, "pipeline order: 1f1b or gpipe")->check(CLI::IsMember({"1f1b", "gpipe"}));
   CLI11_PARSE(app, argc, argv);
 
   if (device == "cuda" && !kiln::cuda::available()) {
@@ -264,7 +359,18 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    if (data_parallel) kiln::distributed::init();
+    if (data_parallel || pipeline > 0) kiln::distributed::init();
+    if (pipeline > 0) {
+      KILN_CHECK(pipeline == kiln::distributed::world_size(), "train_mnist",
+                 "--pipeline {} needs {} processes (mpirun -np {}), one per stage; this world has {}", pipeline, pipeline,
+                 pipeline, kiln::distributed::world_size());
+      KILN_CHECK(!data_parallel && accumulate == 1 && model_name == "mlp" && device == "cpu" && amp == "none" &&
+                     load_path.empty(),
+                 "train_mnist", "--pipeline runs the MLP on the CPU in float32, without --data-parallel, --accumulate "
+                 "(micro-batches do that), --amp or --load");
+      KILN_CHECK(batch_size % micro_batches == 0, "train_mnist",
+                 "--batch {} does not split into --micro-batches {} equal micro-batches", batch_size, micro_batches);
+    }
     KILN_CHECK(accumulate <= batch_size, "train_mnist", "--accumulate {} needs at least as many examples per batch (--batch {})",
                accumulate, batch_size);
     kiln::manual_seed(seed);
@@ -273,6 +379,10 @@ int main(int argc, char** argv) {
     data::FashionMnist train(data_dir, data::Split::Train, normalized);
     data::FashionMnist test(data_dir, data::Split::Test, normalized);
 
+    if (pipeline > 0) {
+      fit_pipeline(s, train, test);
+      return 0;
+    }
     fit(s, train, test);
     if (kiln::distributed::rank() != 0) return 0;
     const auto& jit = kiln::jit::stats();

@@ -8,7 +8,8 @@
 //   nn::Sequential net(nn::Linear(784, 256), nn::ReLU(), nn::Linear(256, 10));
 //   kiln::distributed::Pipeline pipe(net, kiln::distributed::PipelineOptions().micro_batches(8));
 //   optim::SGD opt(pipe.parameters(), optim::SGDOptions(0.1));  // this stage's parameters only
-//   Tensor loss = pipe.train_step(opt, x, y, nn::cross_entropy); // defined on the last stage
+//   auto ce = [](const Tensor& out, const Tensor& y) { return nn::cross_entropy(out, y); };
+//   Tensor loss = pipe.train_step(opt, x, y, ce);                // defined on the last stage
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -87,7 +87,15 @@ Grads where_grad(const NodePtr& n, const Tensor& g) {
   return {Tensor(), where(c, g, z), where(c, z, g)};
 }
 
-Grads reshape_grad(const NodePtr& n, const Tensor& g) { return {prim::reshape(g, n->inputs[0]->shape)}; }
+Grads reshape_grad(const NodePtr& n, const Tensor& g) {
+  // A reshape with an attribute is prim::all_reduce_gradient's identity.
+  if (!n->ints.empty()) {
+    // MPI has no half types: their sums run in float32, as distributed::all_reduce does.
+    if (g.dtype() != DType::Float16 && g.dtype() != DType::BFloat16) return {prim::all_reduce(g, 0, n->ints[0])};
+    return {prim::cast(prim::all_reduce(prim::cast(g, DType::Float32), 0, n->ints[0]), g.dtype())};
+  }
+  return {prim::reshape(g, n->inputs[0]->shape)};
+}
 Grads permute_grad(const NodePtr& n, const Tensor& g) {
   std::vector<int64_t> inverse(n->ints.size());
   for (size_t i = 0; i < n->ints.size(); ++i) inverse[n->ints[i]] = static_cast<int64_t>(i);
@@ -192,6 +200,7 @@ Grads conv2d_backward_weight_grad(const NodePtr& n, const Tensor& g) {
 // output gradients. A maximum's would need to know which rank won; it has none yet.
 Grads all_reduce_grad(const NodePtr& n, const Tensor& g) {
   KILN_CHECK(n->ints[0] == 0, "all_reduce", "only a sum (or mean) all-reduce has a gradient; got a maximum");
+  if (n->ints[2] == 1) return {g};  // replicated: every rank's loss is the same function of the sum
   Tensor all = prim::all_reduce(g, 0, n->ints[1]);
   if (n->inputs.size() == 1) return {all};
   Grads parts;  // a bucket's: each part's slice of the flat result

@@ -223,10 +223,16 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return make(Op::Matmul, a.dtype(), {a.shape()[0], a.shape()[1], b.shape()[2]}, {a, b});
 }
 
-Tensor all_reduce(const Tensor& x, int64_t op, int64_t world) {
+Tensor all_reduce(const Tensor& x, int64_t op, int64_t world, bool replicated) {
   KILN_CHECK((op == 0 || op == 2) && world > 1, "all_reduce", "op must be 0 (sum) or 2 (max) in a world of 2 or more, got {} in {}",
              op, world);
-  return make(Op::AllReduce, x.dtype(), x.shape(), {x}, {op, world});
+  return make(Op::AllReduce, x.dtype(), x.shape(), {x}, {op, world, replicated ? 1 : 0});
+}
+
+Tensor all_reduce_gradient(const Tensor& x, int64_t world) {
+  KILN_CHECK(world > 1, "all_reduce_gradient", "needs a world of 2 or more, got {}", world);
+  // A reshape to the same shape is a free view; the attribute only changes its gradient rule.
+  return make(Op::Reshape, x.dtype(), x.shape(), {x}, {world});
 }
 
 Tensor send(const Tensor& x, int64_t to, int64_t tag) {
@@ -251,7 +257,7 @@ Tensor all_reduce(const std::vector<Tensor>& parts, int64_t op, int64_t world) {
                "the tensors of one all-reduce share a dtype and a device; got {} and {}", parts[0].str(), p.str());
     total += p.numel();
   }
-  return make(Op::AllReduce, parts[0].dtype(), {total}, parts, {op, world});
+  return make(Op::AllReduce, parts[0].dtype(), {total}, parts, {op, world, 0});
 }
 
 namespace {

@@ -44,7 +44,13 @@ Tensor scatter_add(const Shape& shape, int64_t axis, const Tensor& index, const 
 Tensor matmul(const Tensor& a, const Tensor& b);
 // The element-wise sum (op 0) or maximum (op 2) of `x` over the `world` processes of the
 // communicator, recorded as a node the executor runs as a collective (jit/collective.h).
-Tensor all_reduce(const Tensor& x, int64_t op, int64_t world);
+// Its gradient: by default each rank's loss is its own (data parallel), so the gradient is the
+// all-reduced output gradient; `replicated` says every rank computes the same loss from the
+// result (tensor parallel), so the output gradient passes through unchanged.
+Tensor all_reduce(const Tensor& x, int64_t op, int64_t world, bool replicated = false);
+// The identity whose gradient is summed over the `world` ranks: a value every rank holds alike,
+// read by per-rank computations (the input of a column-parallel layer). A view: no kernel runs.
+Tensor all_reduce_gradient(const Tensor& x, int64_t world);
 // One all-reduce of several tensors of one dtype (a data-parallel bucket): the result is their
 // values flattened and laid end to end, reduced. The executor packs the parts into the result's
 // buffer itself, so no concatenation kernel runs.

@@ -27,6 +27,7 @@
 #include "distributed/communicator.h"
 #include "distributed/data_parallel.h"
 #include "distributed/pipeline.h"
+#include "distributed/tensor_parallel.h"
 #include "jit/stats.h"
 #include "memory/allocator.h"
 #include "memory/pool.h"

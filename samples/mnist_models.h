@@ -22,6 +22,18 @@ inline nn::Sequential mlp_layers() {
   return nn::Sequential(nn::Linear(784, 512), nn::ReLU(), nn::Linear(512, 512), nn::ReLU(), nn::Linear(512, 10));
 }
 
+// The Mlp split over the ranks of a tensor-parallel world (mpirun -np T): fc1 column-parallel
+// (each rank computes 512 / T of the hidden units), fc2 row-parallel (one all-reduce sums the
+// ranks' partial products), fc3 replicated. Same names and draws as Mlp: the same seed gives Mlp's
+// weights, each rank holding its block.
+struct TensorParallelMlp : nn::Module {
+  TensorParallelMlp() : Module("TensorParallelMlp") {}
+  distributed::ColumnParallelLinear fc1 = register_module("fc1", distributed::ColumnParallelLinear(784, 512));
+  distributed::RowParallelLinear fc2 = register_module("fc2", distributed::RowParallelLinear(512, 512));
+  nn::Linear fc3 = register_module("fc3", nn::Linear(512, 10));
+  Tensor forward(const Tensor& x) override { return fc3.forward(relu(fc2.forward(relu(fc1.forward(x))))); }
+};
+
 // LeNet-style: conv 32 (3x3, pad 1), ReLU, max pool 2, conv 64, ReLU, max pool 2, fc 128, fc 10.
 struct Cnn : nn::Module {
   Cnn() : Module("Cnn") {}

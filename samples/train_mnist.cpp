@@ -33,6 +33,12 @@
 // stage (mlp.safetensors -> mlp.stage0.safetensors, ...), whose parameter names are the model's.
 //   mpirun -np 2 ./build/samples/train_mnist --pipeline 2 --micro-batches 8 --schedule 1f1b
 //
+// --tensor-parallel T splits the MLP's two large layers over T processes (mpirun -np T):
+// fc1 by its outputs, fc2 by its inputs, one all-reduce per forward and one per backward; every
+// process reads the same batches and holds 1/T of those weights and their momentum. --save
+// writes one file per rank (mlp.safetensors -> mlp.tp0.safetensors, ...).
+//   mpirun -np 2 ./build/samples/train_mnist --tensor-parallel 2
+//
 // --device cuda trains on cuda:0: the model moves there once, each batch is copied there before
 // its forward (the data set stays in host memory), and the step runs as CUDA kernels and
 // cuBLAS/cuDNN calls; only the loss and the count of correct predictions come back each step.
@@ -66,6 +72,19 @@ static std::string optimizer_path(const std::string& model_path) {
   std::filesystem::path path(model_path);
   if (path.extension() == ".safetensors") return path.replace_extension(".optim.safetensors").string();
   return model_path + ".optim.safetensors";
+}
+
+// One file per process: mlp.safetensors -> mlp.stage0.safetensors (tag "stage0").
+static std::string suffixed(const std::string& model_path, const std::string& tag) {
+  std::filesystem::path path(model_path);
+  return (path.parent_path() / path.stem()).string() + "." + tag +
+         (path.has_extension() ? path.extension().string() : ".safetensors");
+}
+
+static int64_t parameter_bytes(nn::Module& model) {
+  int64_t bytes = 0;
+  for (const Tensor& p : model.parameters()) bytes += p.numel() * static_cast<int64_t>(kiln::dtype_size(p.dtype()));
+  return bytes;
 }
 
 static double evaluate(nn::Module& model, const data::Dataset& test, kiln::Device device) {
@@ -105,6 +124,7 @@ struct Settings {
   int64_t accumulate = 1;
   int64_t pipeline = 0, micro_batches = 8;
   std::string schedule = "1f1b";
+  int64_t tensor_parallel = 0;
 };
 
 // --amp: the type autocast runs matmuls and convolutions in (float32 when "none").
@@ -130,12 +150,17 @@ static void print_saved(nn::Module& model, const Tensor& x, const Tensor& labels
 
 static void fit(const Settings& settings, const data::Dataset& train_set, const data::Dataset& test) {
   const auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir,
-               amp, seed, data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule] = settings;
+               amp, seed, data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule, tensor_parallel] =
+      settings;
   const kiln::Device run_on = device == "cuda" ? kiln::Device::cuda(0) : kiln::Device::cpu();
   namespace dist = kiln::distributed;
-  const bool lead = dist::rank() == 0;  // the rank that prints, evaluates and saves
-  // Either model, held by value as "any module": forward dispatches to Mlp's or Cnn's.
-  nn::AnyModule model = model_name == "cnn" ? nn::AnyModule(Cnn()) : nn::AnyModule(Mlp());
+  const bool lead = dist::rank() == 0;  // the rank that prints and saves
+  // Under --tensor-parallel every rank computes every step and evaluation together.
+  const bool all_ranks_evaluate = tensor_parallel > 0;
+  // Any model, held by value as "any module": forward dispatches to Mlp's, Cnn's or the split Mlp's.
+  nn::AnyModule model = model_name == "cnn"    ? nn::AnyModule(Cnn())
+                        : tensor_parallel > 0 ? nn::AnyModule(kiln::samples::TensorParallelMlp())
+                                               : nn::AnyModule(Mlp());
   model.to(run_on);  // before the optimizer: its momentum buffers are made on the parameters' device
   if (lead) std::cout << model << "\n";
   // Under --data-parallel the optimizer's steps average the gradients over the processes; the
@@ -147,6 +172,9 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
       fmt::print("data parallel: {} processes, {} examples per step ({} each)\n", dist::world_size(),
                  batch_size * dist::world_size(), batch_size);
   }
+  if (tensor_parallel > 0 && lead)
+    fmt::print("tensor parallel: {} processes; rank 0 holds {} of parameters\n", dist::world_size(),
+               kiln::memory::format_bytes(parameter_bytes(model)));
   kiln::optim::SGD optimizer(model.parameters(), kiln::optim::SGDOptions(lr).momentum(0.9));
   // float16 gradients underflow without loss scaling; bfloat16 has float32's range and needs none.
   kiln::optim::GradScaler scaler(kiln::optim::GradScalerOptions().enabled(amp == "fp16"));
@@ -161,7 +189,7 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
     if (lead) fmt::print("loaded {}{}\n", load_path, std::filesystem::exists(state_path) ? " and " + state_path : "");
   }
   data::DataLoader loader(train_set, data::DataLoaderOptions(batch_size).shuffle(true).seed(seed).drop_last(true).sampler(
-                                         {dist::rank(), data_parallel ? dist::world_size() : 1}));
+                                         {data_parallel ? dist::rank() : 0, data_parallel ? dist::world_size() : 1}));
   int64_t total_steps = static_cast<int64_t>(loader.size()) * epochs;
   if (max_steps >= 0) total_steps = std::min(total_steps, max_steps);
   kiln::optim::CosineAnnealingLR schedule(optimizer, std::max<int64_t>(total_steps, 1));
@@ -224,9 +252,15 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
     }
     train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     trained_examples += seen;
-    if (!lead) continue;  // the other ranks go on with the next epoch's steps (rank 0 joins them after this)
+    if (!lead && !all_ranks_evaluate) continue;  // the other ranks go on with the next epoch's steps
     accuracy = evaluate(model, test, run_on);
-    fmt::print("\nepoch {}: test accuracy {:.2f}%\n", epoch, accuracy);
+    if (lead) fmt::print("\nepoch {}: test accuracy {:.2f}%\n", epoch, accuracy);
+  }
+  if (tensor_parallel > 0 && !save_path.empty()) {  // one file per rank, its blocks of the weights
+    const std::string path = suffixed(save_path, fmt::format("tp{}", dist::rank()));
+    nn::save(model, path);
+    kiln::optim::save(optimizer, optimizer_path(path));
+    fmt::print("rank {}: saved {} and {}\n", dist::rank(), path, optimizer_path(path));
   }
   if (!lead) return;
   fmt::print("test accuracy: {:.2f}%\n", accuracy);
@@ -235,7 +269,7 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
   fmt::print("training: {:.0f} examples/s ({} examples in {:.2f} s{}, first step included, evaluation excluded)\n",
              processes * trained_examples / std::max(train_seconds, 1e-9), processes * trained_examples,
              train_seconds, processes > 1 ? fmt::format(" on {} processes", processes) : "");
-  if (!save_path.empty()) {
+  if (!save_path.empty() && tensor_parallel == 0) {
     nn::save(model, save_path);
     kiln::optim::save(optimizer, optimizer_path(save_path));
     fmt::print("saved {} and {}\n", save_path, optimizer_path(save_path));
@@ -296,16 +330,13 @@ static void fit_pipeline(const Settings& settings, const data::Dataset& train_se
   }
   // Per stage: parameter bytes, the step plan's arena (activations and gradients), live micro-batches, and the fraction of
   // the step spent waiting for another stage (the bubble), gathered on the last stage.
-  int64_t param_bytes = 0;
-  for (const Tensor& p : pipe.parameters()) param_bytes += p.numel() * 4;
+  const int64_t param_bytes = parameter_bytes(pipe);
   Tensor mine = kiln::from_vector<double>({static_cast<double>(param_bytes), static_cast<double>(arena),
                                            static_cast<double>(peak_live), waited / std::max(step_seconds, 1e-9)},
                                           {1, 4});
   std::vector<double> all = dist::all_gather(mine).to_doubles();
   if (!settings.save_path.empty()) {
-    std::filesystem::path path(settings.save_path);
-    std::string stage_path = (path.parent_path() / path.stem()).string() + fmt::format(".stage{}", pipe.stage()) +
-                             (path.has_extension() ? path.extension().string() : ".safetensors");
+    const std::string stage_path = suffixed(settings.save_path, fmt::format("stage{}", pipe.stage()));
     nn::save(pipe, stage_path);
     fmt::print("stage {}: saved {}\n", pipe.stage(), stage_path);
   }
@@ -326,7 +357,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Train an MLP or a CNN on Fashion-MNIST with kiln"};
   Settings s;
   auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir, amp, seed,
-         data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule] = s;
+         data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule, tensor_parallel] = s;
   app.add_option("--epochs", epochs, "passes over the training set")->check(CLI::PositiveNumber);
   app.add_option("--max-steps", max_steps, "stop after this many steps in all (-1: no limit)");
   app.add_option("--batch", batch_size, "examples per step")->check(CLI::PositiveNumber);
@@ -351,6 +382,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--micro-batches", micro_batches, "micro-batches per batch under --pipeline")->check(CLI::PositiveNumber);
   app.add_option("--schedule", pipeline_schedule, "pipeline order: 1f1b or gpipe")->check(CLI::IsMember({"1f1b", "gpipe"}));
+  app.add_option("--tensor-parallel", tensor_parallel,
+                 "split the MLP's two large layers over this many processes (mpirun -np N)")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   if (device == "cuda" && !kiln::cuda::available()) {
@@ -359,7 +393,16 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    if (data_parallel || pipeline > 0) kiln::distributed::init();
+    if (data_parallel || pipeline > 0 || tensor_parallel > 0) kiln::distributed::init();
+    if (tensor_parallel > 0) {
+      KILN_CHECK(tensor_parallel == kiln::distributed::world_size(), "train_mnist",
+                 "--tensor-parallel {} needs {} processes (mpirun -np {}); this world has {}", tensor_parallel,
+                 tensor_parallel, tensor_parallel, kiln::distributed::world_size());
+      KILN_CHECK(512 % tensor_parallel == 0, "train_mnist",
+                 "--tensor-parallel {} does not divide the MLP's 512 hidden units; use a divisor of 512", tensor_parallel);
+      KILN_CHECK(!data_parallel && pipeline == 0 && model_name == "mlp" && device == "cpu" && load_path.empty(),
+                 "train_mnist", "--tensor-parallel runs the MLP on the CPU, without --data-parallel, --pipeline or --load");
+    }
     if (pipeline > 0) {
       KILN_CHECK(pipeline == kiln::distributed::world_size(), "train_mnist",
                  "--pipeline {} needs {} processes (mpirun -np {}), one per stage; this world has {}", pipeline, pipeline,

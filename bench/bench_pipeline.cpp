@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
                                         {1, 5});
       std::vector<double> all = dist::all_gather(mine).to_doubles();
       if (!pipe.is_last()) continue;
-      const char* name = schedule == dist::PipelineSchedule::GPipe ? "GPipe" : "1F1B";
+    const char* name = schedule == dist::PipelineSchedule::GPipe ? "GPipe" : "1F1B";
       double bubble = 0, step = 0;
       for (int64_t s = 0; s < pipe.stages(); ++s) {
         bubble += all[static_cast<size_t>(5 * s + 1)] / static_cast<double>(pipe.stages());
@@ -93,12 +93,15 @@ int main(int argc, char** argv) {
                  100 * pipe.theoretical_bubble());
       for (int64_t s = 0; s < pipe.stages(); ++s) {
         const double* r = &all[static_cast<size_t>(5 * s)];
-        const double ratio = (r[2] + r[3]) / static_cast<double>(whole_params + whole_arena);
+        const double whole = static_cast<double>(whole_params + whole_arena);
+        // The stage's arena holds the gradient sums over the micro-batches (as many bytes as its
+        // parameters) until the flush; one process on the whole batch never holds all its weight
+        // gradients at once (each update consumes its gradient as the backward makes it).
         fmt::print("  stage {}: waiting {:.1f}% of the step, live micro-batches {}, parameters {} + step arena {} = "
-                   "{:.2f}x one process ({} + {})\n",
+                   "{:.2f}x one process ({} + {}); without the gradient sums {:.2f}x\n",
                    s, 100 * r[1], static_cast<int64_t>(r[4]), memory::format_bytes(static_cast<int64_t>(r[2])),
-                   memory::format_bytes(static_cast<int64_t>(r[3])), ratio, memory::format_bytes(whole_params),
-                   memory::format_bytes(whole_arena));
+                   memory::format_bytes(static_cast<int64_t>(r[3])), (r[2] + r[3]) / whole,
+                   memory::format_bytes(whole_params), memory::format_bytes(whole_arena), r[3] / whole);
       }
     }
   } catch (const Error& e) {

@@ -23,6 +23,7 @@ namespace {
 constexpr int64_t kTagBase = 16384;
 constexpr int64_t kMaxMicroBatches = 8000;
 constexpr int64_t kLayoutTag = kTagBase - 1;
+constexpr int64_t kForwardTag = kTagBase - 2;  // Pipeline::forward's activations
 constexpr size_t kMaxDims = 8;
 
 int64_t activation_tag(int64_t micro_batch) { return pipeline_tag(micro_batch, false); }
@@ -160,7 +161,7 @@ Tensor Pipeline::train_step(optim::Optimizer& opt, const Tensor& input, const Te
   std::vector<Tensor> xs(static_cast<size_t>(m)), ys(static_cast<size_t>(m)), losses(static_cast<size_t>(m));
   std::vector<Tensor> sums(params.size()), outputs;
   Tensor loss;
-  int64_t live = 0, backwards = 0;
+  int64_t live = 0;
   last_.peak_live_micro_batches = 0;
   for (const PipelineAction& a : pipeline_order(options_.schedule_, stages_, stage_, m)) {
     const auto k = static_cast<size_t>(a.micro_batch);
@@ -196,10 +197,7 @@ Tensor Pipeline::train_step(optim::Optimizer& opt, const Tensor& input, const Te
       grads = grad(ys[k], wrt, g);
     }
     NoGradGuard no_grad;
-    // The last micro-batch's addition may fuse into the update: nothing waits after it.
-    const bool last_backward = ++backwards == m;
-    for (size_t i = 0; i < params.size(); ++i)
-      sums[i] = last_backward && sums[i].defined() ? sums[i] + grads[i] : accumulate(sums[i], grads[i]);
+    for (size_t i = 0; i < params.size(); ++i) sums[i] = accumulate(sums[i], grads[i]);
     if (!is_first()) outputs.push_back(prim::send(grads.back(), stage_ - 1, gradient_tag(a.micro_batch)));
     xs[k] = ys[k] = losses[k] = Tensor();
     --live;
@@ -219,12 +217,12 @@ Tensor Pipeline::forward(const Tensor& x) {
   Tensor in = x;
   if (!is_first()) {
     const auto& [shape, dtype] = layouts_.at(key);
-    in = prim::recv(shape, dtype, stage_ - 1, kTagBase - 2);
+    in = prim::recv(shape, dtype, stage_ - 1, kForwardTag);
   }
   Tensor y = run_stage(in);
   if (is_last()) return y;
   if (!known) send_layout(y, stage_ + 1);
-  Tensor token = prim::send(y.detach(), stage_ + 1, kTagBase - 2);
+  Tensor token = prim::send(y.detach(), stage_ + 1, kForwardTag);
   sync({token});
   return {};
 }

@@ -79,28 +79,58 @@ void defer_collective_readers(std::vector<NodePtr>& nodes) {
 // graph with sends and receives (pipeline stages) must run them in the order the program issued
 // them, which is the order every other rank expects: a schedule that is free of deadlocks when
 // run op by op stays free of them as a plan.
+// One exception: a node that becomes ready as the last reader of all its inputs, with an output
+// no larger than they are, runs at once (a pipeline stage's gradient sums, recorded after a whole
+// micro-batch's backward, would otherwise keep every weight gradient of that micro-batch alive).
+// It is no send or receive and reads none, so the waits for messages keep their order.
 void order_as_recorded(std::vector<NodePtr>& nodes) {
   const size_t n = nodes.size();
-  std::vector<int> missing(n, 0);
+  std::vector<int> missing(n, 0), unread(n, 0);
   std::vector<std::vector<int>> readers(n);
   for (size_t i = 0; i < n; ++i)
     for (const NodePtr& in : nodes[i]->inputs)
       if (!in->realized()) {
         missing[i]++;
+        unread[in->visit_index]++;
         readers[in->visit_index].push_back(static_cast<int>(i));
       }
+  auto is_message = [](Op op) { return op == Op::Send || op == Op::Recv; };
+  auto frees_memory = [&](int i) {
+    const Node& node = *nodes[i];
+    if (is_message(node.op) || node.inputs.empty()) return false;
+    size_t freed = 0;
+    for (const NodePtr& in : node.inputs) {
+      if (in->realized()) return false;
+      if (is_message(in->op) || unread[in->visit_index] != 1 || in->held > 0) return false;
+      freed += in->nbytes();
+    }
+    return node.nbytes() <= freed;
+  };
   auto later = [&](int a, int b) { return nodes[a]->id > nodes[b]->id; };
   std::priority_queue<int, std::vector<int>, decltype(later)> ready(later);
+  std::vector<int> now;  // ready nodes that free memory: before anything else
+  auto make_ready = [&](int i) {
+    if (frees_memory(i)) now.push_back(i);
+    else ready.push(i);
+  };
   for (size_t i = 0; i < n; ++i)
-    if (missing[i] == 0) ready.push(static_cast<int>(i));
+    if (missing[i] == 0) make_ready(static_cast<int>(i));
   std::vector<NodePtr> order;
   order.reserve(n);
-  while (!ready.empty()) {
-    const int i = ready.top();
-    ready.pop();
+  while (!now.empty() || !ready.empty()) {
+    int i;
+    if (!now.empty()) {
+      i = now.back();
+      now.pop_back();
+    } else {
+      i = ready.top();
+      ready.pop();
+    }
     order.push_back(nodes[i]);
+    for (const NodePtr& in : nodes[i]->inputs)
+      if (!in->realized()) unread[in->visit_index]--;
     for (int r : readers[i])
-      if (--missing[r] == 0) ready.push(r);
+      if (--missing[r] == 0) make_ready(r);
   }
   nodes = std::move(order);
   for (size_t i = 0; i < n; ++i) nodes[i]->visit_index = static_cast<int64_t>(i);

@@ -188,3 +188,25 @@ TEST_CASE("a stage that fails mid-step makes the others fail naming it, within t
   }
   dist::barrier();
 }
+
+TEST_CASE("a pipeline stage holds one set of gradient sums, not a micro-batch's gradients besides",
+          "[pipeline][distributed]") {
+  dist::init();
+  manual_seed(2);
+  nn::Sequential net;
+  for (int i = 0; i < 8; ++i) net.push_back(nn::Linear(128, 128));  // 64 KiB weights; tiny activations
+  dist::Pipeline pipe(net, dist::PipelineOptions().micro_batches(4));
+  optim::SGD opt(pipe.parameters(), optim::SGDOptions(0.01).momentum(0.9));
+  Tensor x = randn({8, 128}).realize(), y = randn({8, 128}).realize();
+  for (int step = 0; step < 2; ++step) pipe.train_step(opt, x, y, mse);
+  int64_t params = 0, largest = 0;
+  for (const Tensor& p : pipe.parameters()) {
+    params += p.numel() * 4;
+    largest = std::max(largest, p.numel() * 4);
+  }
+  // The sums (as many bytes as the parameters); while one is added to, its old value and the
+  // micro-batch's gradient (at most 2 x the largest parameter); activations of a few KiB. Each
+  // micro-batch's gradients kept until they are added (or until the update) would double it.
+  INFO("stage " << pipe.stage() << ": arena " << pipe.last_step().arena_bytes << " B, parameters " << params << " B");
+  CHECK(pipe.last_step().arena_bytes <= params + 2 * largest + 16 * 1024);
+}

@@ -119,10 +119,14 @@ void wait_request(MPI_Request& request, const char* op, int64_t peer = -1) {
   for (int polls = 0;; ++polls) {
     check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), op);
     if (done) return;
-    if (Clock::now() - start > limit && peer >= 0)
+    if (Clock::now() - start > limit && peer >= 0) {
+      // A receive left posted would take the next message with its tag, meant for a later one.
+      MPI_Cancel(&request);
+      MPI_Wait(&request, MPI_STATUS_IGNORE);
       KILN_FAIL(op, "rank {} waited {} s (KILN_COLLECTIVE_TIMEOUT) for a message from rank {}: rank {} failed, exited, "
                 "or runs another schedule",
                 world().rank, flags().collective_timeout, peer, peer);
+    }
     if (Clock::now() - start > limit)
       KILN_FAIL(op, "rank {} of {} waited {} s for the other ranks (KILN_COLLECTIVE_TIMEOUT): one of them failed, "
                 "exited, or skipped this collective (every rank must call the same collectives in the same order)",

@@ -10,6 +10,7 @@
 #include "core/dtype.h"
 #include "core/op.h"
 #include "core/shape.h"
+#include "core/trace_label.h"
 
 namespace kiln {
 
@@ -66,6 +67,7 @@ struct Node : std::enable_shared_from_this<Node> {
   // forward node made for the backward, which the executor computes as late as it can.
   std::shared_ptr<const CheckpointSegment> segment;
   bool recompute = false;
+  uint32_t label = current_trace_label();  // core/trace_label.h: the kernel that computes it shows it
   uint64_t id = next_id();
   // Scratch space of graph walks (the executor's collect pass): valid when visit == the walk's
   // epoch, so a walk needs no hash map.

@@ -16,6 +16,7 @@
 #include "backends/cuda/cuda_runtime.h"
 #include "distributed/nccl.h"
 #include "jit/collective.h"
+#include "memory/profile.h"
 #include "ops/ops.h"
 #include "ops/primitive.h"
 
@@ -381,6 +382,7 @@ void init() {
              "install libopenmpi-dev and rebuild kiln (CMake finds MPI by itself), or run a single process",
              launched);
 #endif
+  if (w.size > 1) memory::set_trace_process_name(fmt::format("kiln rank {} of {}", w.rank, w.size));
   w.initialized = true;
 }
 

@@ -8,6 +8,7 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "core/trace_label.h"
 #include "distributed/communicator.h"
 #include "jit/stats.h"
 #include "memory/profile.h"
@@ -128,6 +129,7 @@ Pipeline::Pipeline(const nn::Sequential& model, PipelineOptions options)
   bounds_ = pipeline_stages(model, options_.balance_, stages_);
   for (int64_t i = bounds_[static_cast<size_t>(stage_)]; i < bounds_[static_cast<size_t>(stage_) + 1]; ++i)
     layers_.push_back(register_module(std::to_string(i), model[static_cast<size_t>(i)]));
+  memory::set_trace_process_name(fmt::format("kiln rank {}: stage {} of {}", stage_, stage_, stages_));
 }
 
 double Pipeline::theoretical_bubble() const {
@@ -165,6 +167,7 @@ Tensor Pipeline::train_step(optim::Optimizer& opt, const Tensor& input, const Te
   last_.peak_live_micro_batches = 0;
   for (const PipelineAction& a : pipeline_order(options_.schedule_, stages_, stage_, m)) {
     const auto k = static_cast<size_t>(a.micro_batch);
+    TraceLabel label(fmt::format("{} {}", a.forward ? "forward" : "backward", a.micro_batch));
     if (a.forward) {
       if (is_first()) {
         xs[k] = input.slice(0, a.micro_batch * per, (a.micro_batch + 1) * per);
@@ -203,6 +206,7 @@ Tensor Pipeline::train_step(optim::Optimizer& opt, const Tensor& input, const Te
     --live;
   }
   if (loss.defined()) outputs.push_back(loss);
+  TraceLabel label("update");
   opt.apply_gradients(std::move(sums), std::move(outputs));
   if (auto plan = memory::last_plan()) last_.arena_bytes = plan->arena_bytes;
   last_.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -27,6 +27,19 @@ namespace kiln::jit {
 
 namespace {
 
+// A kernel's (or a wait's) event for memory::export_trace, `us` long, ending now.
+memory::KernelEvent trace_event(const Kernel& kernel, std::string name, double us) {
+  memory::KernelEvent e;
+  e.name = std::move(name);
+  e.label = trace_label_name(kernel.label);
+  e.message = kernel.kind == KernelKind::Collective;
+  e.start_us = memory::trace_clock_us() - us;
+  e.duration_us = us;
+  e.tensor_bytes = memory::allocated_bytes();
+  e.reserved_bytes = memory::pool_stats().reserved.current;
+  return e;
+}
+
 // The collectives a run has started and not yet waited for, by the plan slot they write.
 class InFlight {
  public:
@@ -122,10 +135,9 @@ class InFlight {
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     stats().collective_wait_seconds += waited;
     if (p.kernel->collective.kind == CollectiveKind::Recv) stats().recv_wait_seconds += waited;
-    if (flags().log >= 2)
-      fmt::print(stderr, "[kiln]   {:<10} {:>9.1f} us  wait {}\n", p.kernel->name,
-                 std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count(),
-                 p.kernel->summary);
+    const double us = waited * 1e6;
+    if (flags().log >= 2) fmt::print(stderr, "[kiln]   {:<10} {:>9.1f} us  wait {}\n", p.kernel->name, us, p.kernel->summary);
+    if (memory::tracing()) memory::record_kernel(trace_event(*p.kernel, "wait " + p.kernel->summary, us));
   }
   std::vector<Pending> pending_;
 };
@@ -277,8 +289,7 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
       double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
       if (flags().log >= 2) fmt::print(stderr, "[kiln]   {:<10} {:>9.1f} us  {}\n", kernel.name, us, kernel.summary);
       if (memory::tracing())
-        memory::record_kernel({kernel.summary, memory::trace_clock_us() - us, us, memory::allocated_bytes(),
-                               memory::pool_stats().reserved.current});
+        memory::record_kernel(trace_event(kernel, kernel.summary, us));
     }
     if (poison)  // dead buffers read as NaN: a use after free shows up in the results
       for (auto [offset, bytes] : plan.dies_after[k])

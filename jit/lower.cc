@@ -514,6 +514,7 @@ bool Lowerer::build_kernels() {
         }
     }
     k.name = fmt::format("kiln_k{}", out.kernels.size());
+    k.label = node->label;
     kernel_of[i] = static_cast<int>(out.kernels.size());
     out.kernels.push_back(std::move(k));
   }

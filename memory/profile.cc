@@ -16,6 +16,7 @@ std::shared_ptr<PlanLayout> g_last;
 std::atomic<bool> g_tracing{false};
 std::chrono::steady_clock::time_point g_trace_start;
 std::vector<KernelEvent> g_events;
+std::string g_process_name = "kiln";
 }  // namespace
 
 void note_plan(std::shared_ptr<PlanLayout> layout) {
@@ -57,6 +58,16 @@ double trace_clock_us() {
 void record_kernel(KernelEvent event) {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_events.push_back(std::move(event));
+}
+
+void set_trace_process_name(const std::string& name) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_process_name = name;
+}
+
+std::string trace_process_name() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_process_name;
 }
 
 std::vector<KernelEvent> trace_events() {

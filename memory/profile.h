@@ -34,6 +34,8 @@ void note_plan_run(const std::shared_ptr<PlanLayout>& layout);
 
 struct KernelEvent {
   std::string name;
+  std::string label;     // core/trace_label.h; the trace puts each label's first word on a row of its own
+  bool message = false;  // a collective or a wait for one: the trace's "communication" row
   double start_us = 0, duration_us = 0;  // since the trace started
   int64_t tensor_bytes = 0;              // allocated tensor bytes after the kernel
   int64_t reserved_bytes = 0;            // pool reserve after the kernel
@@ -45,6 +47,9 @@ void stop_trace();
 bool tracing();
 double trace_clock_us();  // microseconds since start_trace()
 void record_kernel(KernelEvent event);
+// The trace's process name ("kiln" until set): distributed code names the rank and stage.
+void set_trace_process_name(const std::string& name);
+std::string trace_process_name();
 std::vector<KernelEvent> trace_events();
 
 }  // namespace kiln::memory

@@ -161,25 +161,41 @@ void print_report() { fmt::print("{}", report()); }
 
 void export_trace(const std::string& path) {
   using nlohmann::json;
-  constexpr int kPid = 1, kTid = 1;
+  constexpr int kPid = 1;
   std::vector<KernelEvent> events = trace_events();
   // Kernels ran one after another; keep the file in time order whatever order they were recorded.
   std::stable_sort(events.begin(), events.end(),
                    [](const KernelEvent& a, const KernelEvent& b) { return a.start_us < b.start_us; });
   json trace = json::array();
-  trace.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", kPid}, {"args", {{"name", "kiln"}}}});
-  trace.push_back(
-      {{"name", "thread_name"}, {"ph", "M"}, {"pid", kPid}, {"tid", kTid}, {"args", {{"name", "kernels"}}}});
+  trace.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", kPid}, {"args", {{"name", trace_process_name()}}}});
+  // One row per kind of work: unlabelled kernels, each label's first word ("forward",
+  // "backward"), and messages (collectives and the waits for them).
+  std::vector<std::string> rows;
+  auto row_of = [&](const KernelEvent& e) {
+    std::string row = e.message ? "communication" : e.label.empty() ? "kernels" : e.label.substr(0, e.label.find(' '));
+    auto at = std::find(rows.begin(), rows.end(), row);
+    if (at != rows.end()) return static_cast<int>(at - rows.begin()) + 1;
+    rows.push_back(row);
+    trace.push_back({{"name", "thread_name"},
+                     {"ph", "M"},
+                     {"pid", kPid},
+                     {"tid", static_cast<int>(rows.size())},
+                     {"args", {{"name", row}}}});
+    return static_cast<int>(rows.size());
+  };
   auto microseconds = [](double us) { return std::round(us * 1000) / 1000; };  // to the ns
   for (const KernelEvent& e : events) {
+    json args = {{"tensor_bytes", e.tensor_bytes}, {"reserved_bytes", e.reserved_bytes}};
+    if (!e.label.empty()) args["label"] = e.label;
+    const int tid = row_of(e);
     trace.push_back({{"name", e.name},
-                     {"cat", "kernel"},
+                     {"cat", e.message ? "message" : "kernel"},
                      {"ph", "X"},
                      {"ts", microseconds(e.start_us)},
                      {"dur", microseconds(e.duration_us)},
                      {"pid", kPid},
-                     {"tid", kTid},
-                     {"args", {{"tensor_bytes", e.tensor_bytes}, {"reserved_bytes", e.reserved_bytes}}}});
+                     {"tid", tid},
+                     {"args", args}});
     // Memory as it stands when the kernel has finished.
     double end = microseconds(e.start_us + e.duration_us);
     trace.push_back(

@@ -39,6 +39,9 @@
 // writes one file per rank (mlp.safetensors -> mlp.tp0.safetensors, ...).
 //   mpirun -np 2 ./build/samples/train_mnist --tensor-parallel 2
 //
+// --trace FILE writes steps 3 to 5 as a Chrome trace (ui.perfetto.dev): kernels by row (a
+// pipeline stage's forward, backward, update; messages and the waits for them), memory counters.
+//
 // --device cuda trains on cuda:0: the model moves there once, each batch is copied there before
 // its forward (the data set stays in host memory), and the step runs as CUDA kernels and
 // cuBLAS/cuDNN calls; only the loss and the count of correct predictions come back each step.
@@ -87,6 +90,32 @@ static int64_t parameter_bytes(nn::Module& model) {
   return bytes;
 }
 
+// --trace FILE: the kernels of steps 3 to 5 (compiled and cached by then) as a Chrome trace
+// (memory::export_trace; open it in ui.perfetto.dev); under mpirun one file per process
+// (trace.json -> trace.rank1.json).
+class StepTracer {
+ public:
+  explicit StepTracer(std::string path) : path_(std::move(path)) {}
+  void before(int64_t step) {
+    if (!path_.empty() && step == 2) kiln::memory::start_trace();
+  }
+  void after(int64_t steps_done) {
+    if (steps_done == 5) finish();
+  }
+  // Writes the file if the trace is still open (a run of fewer than 5 steps).
+  void finish() {
+    if (path_.empty() || !kiln::memory::tracing()) return;
+    kiln::memory::stop_trace();
+    const int world = kiln::distributed::world_size();
+    const std::string path = world > 1 ? suffixed(path_, fmt::format("rank{}", kiln::distributed::rank())) : path_;
+    kiln::memory::export_trace(path);
+    fmt::print("\nwrote the trace of steps 3 to 5 to {}\n", path);
+  }
+
+ private:
+  std::string path_;
+};
+
 static double evaluate(nn::Module& model, const data::Dataset& test, kiln::Device device) {
   KILN_CHECK(test.size() > 0, "train_mnist", "the test set is empty: there is nothing to measure accuracy on");
   kiln::NoGradGuard no_grad;
@@ -125,6 +154,7 @@ struct Settings {
   int64_t pipeline = 0, micro_batches = 8;
   std::string schedule = "1f1b";
   int64_t tensor_parallel = 0;
+  std::string trace_path;
 };
 
 // --amp: the type autocast runs matmuls and convolutions in (float32 when "none").
@@ -150,8 +180,8 @@ static void print_saved(nn::Module& model, const Tensor& x, const Tensor& labels
 
 static void fit(const Settings& settings, const data::Dataset& train_set, const data::Dataset& test) {
   const auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir,
-               amp, seed, data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule, tensor_parallel] =
-      settings;
+               amp, seed, data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule, tensor_parallel,
+               trace_path] = settings;
   const kiln::Device run_on = device == "cuda" ? kiln::Device::cuda(0) : kiln::Device::cpu();
   namespace dist = kiln::distributed;
   const bool lead = dist::rank() == 0;  // the rank that prints and saves
@@ -200,6 +230,7 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
     csv << "step,loss\n";
   }
 
+  StepTracer tracer(trace_path);
   int64_t global_step = 0, trained_examples = 0;
   double accuracy = 0, train_seconds = 0;  // training steps only: evaluation excluded
   for (int epoch = 1; epoch <= epochs && global_step != max_steps; ++epoch) {
@@ -208,6 +239,7 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
     for (data::Batch& batch : loader) {
       Tensor loss, correct;
       const int64_t rows = batch.target.numel(), micro = (rows + accumulate - 1) / accumulate;
+      tracer.before(global_step);
       if (accumulate > 1) optimizer.zero_grad();
       for (int64_t at = 0; at < rows; at += micro) {
         // No handle to the logits outlives the step: it would keep the update from running in place.
@@ -243,6 +275,7 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
       seen += batch.target.numel();
       ++step;
       ++global_step;
+      tracer.after(global_step);
       if (csv.is_open()) csv << fmt::format("{},{:.9g}\n", global_step, loss_value);
       double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (lead && (step % 10 == 0 || step == static_cast<int64_t>(loader.size())))
@@ -251,6 +284,7 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
       if (global_step == max_steps) break;
     }
     train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    tracer.finish();
     trained_examples += seen;
     if (!lead && !all_ranks_evaluate) continue;  // the other ranks go on with the next epoch's steps
     accuracy = evaluate(model, test, run_on);
@@ -295,12 +329,14 @@ static void fit_pipeline(const Settings& settings, const data::Dataset& train_se
   if (settings.max_steps >= 0) total_steps = std::min(total_steps, settings.max_steps);
   kiln::optim::CosineAnnealingLR schedule(optimizer, std::max<int64_t>(total_steps, 1));
   auto loss_fn = [](const Tensor& logits, const Tensor& labels) { return nn::cross_entropy(logits, labels); };
+  StepTracer tracer(settings.trace_path);
   int64_t global_step = 0, peak_live = 0, arena = 0;
   double step_seconds = 0, waited = 0;  // after the first step (which compiles)
   for (int epoch = 1; epoch <= settings.epochs && global_step != settings.max_steps; ++epoch) {
     auto start = std::chrono::steady_clock::now();
     int64_t step = 0, seen = 0;
     for (data::Batch& batch : loader) {
+      tracer.before(global_step);
       Tensor loss = pipe.train_step(optimizer, batch.input, batch.target, loss_fn);
       schedule.step();
       if (global_step > 0) step_seconds += pipe.last_step().step_seconds, waited += pipe.last_step().recv_wait_seconds;
@@ -309,11 +345,13 @@ static void fit_pipeline(const Settings& settings, const data::Dataset& train_se
       seen += batch.target.numel();
       ++step;
       ++global_step;
+      tracer.after(global_step);
       double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (lead && (step % 10 == 0 || step == static_cast<int64_t>(loader.size())))
         progress(epoch, step, static_cast<int64_t>(loader.size()), loss.item(), -1, seen / seconds);
       if (global_step == settings.max_steps) break;
     }
+    tracer.finish();
     // Every stage takes part in the evaluation; the last one counts.
     kiln::NoGradGuard no_grad;
     pipe.eval();
@@ -357,7 +395,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Train an MLP or a CNN on Fashion-MNIST with kiln"};
   Settings s;
   auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir, amp, seed,
-         data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule, tensor_parallel] = s;
+         data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule, tensor_parallel, trace_path] = s;
   app.add_option("--epochs", epochs, "passes over the training set")->check(CLI::PositiveNumber);
   app.add_option("--max-steps", max_steps, "stop after this many steps in all (-1: no limit)");
   app.add_option("--batch", batch_size, "examples per step")->check(CLI::PositiveNumber);
@@ -385,6 +423,8 @@ int main(int argc, char** argv) {
   app.add_option("--tensor-parallel", tensor_parallel,
                  "split the MLP's two large layers over this many processes (mpirun -np N)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--trace", trace_path,
+                 "write steps 3 to 5 as a Chrome trace (one file per process under mpirun: FILE.rankN.json)");
   CLI11_PARSE(app, argc, argv);
 
   if (device == "cuda" && !kiln::cuda::available()) {

@@ -4,7 +4,13 @@
 #include <catch2/catch.hpp>
 #include <kiln/kiln.h>
 
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <unistd.h>
 
 using namespace kiln;
 namespace dist = kiln::distributed;
@@ -209,4 +215,41 @@ TEST_CASE("a pipeline stage holds one set of gradient sums, not a micro-batch's 
   // micro-batch's gradients kept until they are added (or until the update) would double it.
   INFO("stage " << pipe.stage() << ": arena " << pipe.last_step().arena_bytes << " B, parameters " << params << " B");
   CHECK(pipe.last_step().arena_bytes <= params + 2 * largest + 16 * 1024);
+}
+
+TEST_CASE("a pipeline step's trace shows the stage's forward, backward, update and messages on rows of their own",
+          "[pipeline][distributed]") {
+  dist::init();
+  if (!flags().lazy) return;  // eager mode runs no plan
+  dist::Pipeline pipe(mlp(4), dist::PipelineOptions().micro_batches(2));
+  optim::SGD opt(pipe.parameters(), optim::SGDOptions(0.1));
+  auto [x, y] = batch(1);
+  pipe.train_step(opt, x, y, mse);
+  memory::start_trace();
+  pipe.train_step(opt, x, y, mse);  // a replay of the cached plan keeps the labels
+  memory::stop_trace();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / fmt::format("kiln_pipeline_trace_{}_{}.json", ::getpid(), dist::rank()))
+          .string();
+  memory::export_trace(path);
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::filesystem::remove(path);
+  const nlohmann::json trace = nlohmann::json::parse(text.str());
+  std::set<std::string> rows, labels;
+  std::string process;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("name") == "thread_name") rows.insert(e.at("args").at("name").get<std::string>());
+    if (e.at("name") == "process_name") process = e.at("args").at("name").get<std::string>();
+    if (e.at("ph") == "X" && e.at("args").contains("label")) labels.insert(e.at("args").at("label").get<std::string>());
+  }
+  CHECK(process.find(fmt::format("stage {} of {}", pipe.stage(), pipe.stages())) != std::string::npos);
+  CHECK(rows.count("forward") == 1);
+  CHECK(rows.count("backward") == 1);
+  CHECK(rows.count("update") == 1);
+  CHECK(labels.count("forward 0") == 1);
+  CHECK(labels.count("backward 1") == 1);
+  // Messages (sends, receives and the waits for them) run on a row of their own.
+  CHECK(rows.count("communication") == (pipe.stages() > 1 ? 1u : 0u));
 }

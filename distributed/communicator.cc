@@ -3,6 +3,7 @@
 // others instead of a hang. See communicator.h.
 #include "distributed/communicator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +44,23 @@ World& world() {
   static World w;
   return w;
 }
+
+int64_t g_groups = 0;  // groups made so far: the next one's id is this + 1
+
+#if KILN_WITH_MPI
+// Communicators by group id (0: the world); MPI_COMM_NULL where this rank is not a member.
+std::vector<MPI_Comm>& communicators() {
+  static std::vector<MPI_Comm> comms{MPI_COMM_WORLD};
+  return comms;
+}
+
+MPI_Comm communicator(int64_t group, const char* op) {
+  auto& comms = communicators();
+  KILN_CHECK(group >= 0 && group < static_cast<int64_t>(comms.size()) && comms[static_cast<size_t>(group)] != MPI_COMM_NULL,
+             op, "rank {} is not a member of group {}", world().rank, group);
+  return comms[static_cast<size_t>(group)];
+}
+#endif
 
 // The world size an MPI launcher announces in the environment (OpenMPI, MPICH's Hydra, PMIx),
 // or 0 when no launcher started this process.
@@ -157,14 +175,14 @@ template <class Start> void run_mpi(const char* op, Start start) {
   wait_request(request, op);
 }
 
-// All-reduces inside plans (jit/collective.h): non-blocking on MPI_COMM_WORLD, polled.
+// Collectives inside plans (jit/collective.h): non-blocking on the group's communicator, polled.
 class MpiEngine : public jit::CollectiveEngine {
  public:
-  int64_t start_all_reduce(void* data, int64_t count, DType dtype, int64_t op) override {
+  int64_t start_all_reduce(void* data, int64_t count, DType dtype, int64_t op, int64_t group) override {
     const char* name = "distributed::all_reduce";
     MPI_Request request;
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count, name), mpi_type(dtype, name),
-                             mpi_op(op == 2 ? ReduceOp::Max : ReduceOp::Sum, dtype), MPI_COMM_WORLD, &request),
+                             mpi_op(op == 2 ? ReduceOp::Max : ReduceOp::Sum, dtype), communicator(group, name), &request),
               name);
     std::lock_guard<std::mutex> lock(mutex_);
     requests_.emplace(next_, Request{request, -1});
@@ -390,26 +408,82 @@ bool initialized() { return world().initialized; }
 int rank() { return world().rank; }
 int world_size() { return world().size; }
 
-void barrier() {
-  require_init("distributed::barrier");
+// Group ---------------------------------------------------------------------------------------
+
+bool Group::contains_me() const { return rank() >= 0; }
+
+int Group::rank() const {
+  if (ranks_.empty()) return world().rank;
+  auto at = std::find(ranks_.begin(), ranks_.end(), world().rank);
+  return at == ranks_.end() ? -1 : static_cast<int>(at - ranks_.begin());
+}
+
+int Group::size() const { return ranks_.empty() ? world().size : static_cast<int>(ranks_.size()); }
+
+int Group::world_rank(int group_rank) const {
+  KILN_CHECK(group_rank >= 0 && group_rank < size(), "distributed::Group", "rank {} is not a member of a group of {}",
+             group_rank, size());
+  return ranks_.empty() ? group_rank : ranks_[static_cast<size_t>(group_rank)];
+}
+
+Group new_group(std::vector<int> ranks) {
+  const char* name = "distributed::new_group";
+  require_init(name);
+  std::sort(ranks.begin(), ranks.end());
+  KILN_CHECK(!ranks.empty(), name, "a group needs at least one rank");
+  for (size_t i = 0; i < ranks.size(); ++i)
+    KILN_CHECK(ranks[i] >= 0 && ranks[i] < world().size && (i == 0 || ranks[i] != ranks[i - 1]), name,
+               "ranks [{}] must be distinct ranks of this world of {}", fmt::join(ranks, ", "), world().size);
+  Group g;
+  g.id_ = ++g_groups;
+  g.ranks_ = std::move(ranks);
 #if KILN_WITH_MPI
-  if (!world().mpi) return;
-  run_mpi("distributed::barrier", [](MPI_Request* r) { return MPI_Ibarrier(MPI_COMM_WORLD, r); });
+  if (world().mpi) {
+    // Collective over the world: members get a communicator, the others MPI_COMM_NULL.
+    MPI_Comm comm = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(MPI_COMM_WORLD, g.contains_me() ? 0 : MPI_UNDEFINED, world().rank, &comm), name);
+    if (comm != MPI_COMM_NULL) MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    communicators().push_back(comm);
+  }
+#endif
+  return g;
+}
+
+namespace {
+
+// Checks that this rank may take part in a collective of `group`.
+void check_member(const Group& group, const char* op) {
+  KILN_CHECK(group.contains_me(), op, "rank {} is not a member of the group of world ranks [{}]", world().rank,
+             fmt::join(group.ranks(), ", "));
+}
+
+}  // namespace
+
+void barrier(const Group& group) {
+  const char* name = "distributed::barrier";
+  require_init(name);
+  check_member(group, name);
+#if KILN_WITH_MPI
+  if (!world().mpi || group.size() == 1) return;
+  run_mpi(name, [&](MPI_Request* r) { return MPI_Ibarrier(communicator(group.id(), name), r); });
 #endif
 }
 
-Tensor all_reduce(const Tensor& t, ReduceOp op) {
+Tensor all_reduce(const Tensor& t, ReduceOp op, const Group& group) {
   const char* name = "distributed::all_reduce";
   require_init(name);
+  check_member(group, name);
   check_reduce(t, op, name);
-  if (world().size == 1) return t;
-  if (is_half(t.dtype())) return reduce_wide(t, op, all_reduce);
+  const int n = group.size();
+  if (n == 1) return t;
+  if (is_half(t.dtype())) return cast(all_reduce(cast(t, DType::Float32), op, group), t.dtype());
   if (t.device().is_cpu() && t.dtype() != DType::Bool) {
     // Host tensors: a node of the lazy graph, run where the plan needs it (jit/collective.h).
-    Tensor sum = prim::all_reduce(t, op == ReduceOp::Max ? 2 : 0, world().size);
-    return op == ReduceOp::Mean ? sum / static_cast<double>(world().size) : sum;
+    Tensor sum = prim::all_reduce(t, op == ReduceOp::Max ? 2 : 0, n, false, group.id());
+    return op == ReduceOp::Mean ? sum / static_cast<double>(n) : sum;
   }
-  if (Tensor on_gpu = nccl_all_reduce_on_device(t, op); on_gpu.defined()) return on_gpu;
+  if (group.is_world())
+    if (Tensor on_gpu = nccl_all_reduce_on_device(t, op); on_gpu.defined()) return on_gpu;
   Tensor in = host_values(t);
   Tensor out = fresh_host(t.shape(), t.dtype());
   const size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
@@ -418,44 +492,47 @@ Tensor all_reduce(const Tensor& t, ReduceOp op) {
   if (world().mpi && t.numel() > 0)
     run_mpi(name, [&](MPI_Request* r) {
       return MPI_Iallreduce(MPI_IN_PLACE, writable(out), mpi_count(t.numel(), name), mpi_type(t.dtype(), name),
-                            mpi_op(op, t.dtype()), MPI_COMM_WORLD, r);
+                            mpi_op(op, t.dtype()), communicator(group.id(), name), r);
     });
 #endif
-  if (op == ReduceOp::Mean && world().size > 1) out = (out / static_cast<double>(world().size)).realize();
+  if (op == ReduceOp::Mean) out = (out / static_cast<double>(n)).realize();
   return like_input(out, t);
 }
 
-Tensor broadcast(const Tensor& t, int root) {
+Tensor broadcast(const Tensor& t, int root, const Group& group) {
   const char* name = "distributed::broadcast";
   require_init(name);
-  KILN_CHECK(root >= 0 && root < world().size, name, "root {} is not a rank of this world of {}", root, world().size);
+  check_member(group, name);
+  KILN_CHECK(root >= 0 && root < group.size(), name, "root {} is not a rank of this group of {}", root, group.size());
   Tensor in = host_values(t);
   Tensor out = fresh_host(t.shape(), t.dtype());
   const size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
   if (bytes > 0) std::memcpy(writable(out), in.data(), bytes);
 #if KILN_WITH_MPI
-  if (world().mpi && bytes > 0)
+  if (world().mpi && bytes > 0 && group.size() > 1)
     run_mpi(name, [&](MPI_Request* r) {
-      return MPI_Ibcast(writable(out), mpi_count(static_cast<int64_t>(bytes), name), MPI_BYTE, root, MPI_COMM_WORLD, r);
+      return MPI_Ibcast(writable(out), mpi_count(static_cast<int64_t>(bytes), name), MPI_BYTE, root,
+                        communicator(group.id(), name), r);
     });
 #endif
   return like_input(out, t);
 }
 
-Tensor all_gather(const Tensor& t) {
+Tensor all_gather(const Tensor& t, const Group& group) {
   const char* name = "distributed::all_gather";
   require_init(name);
+  check_member(group, name);
   KILN_CHECK(t.dim() >= 1, name, "needs a tensor with an axis 0 to concatenate along, got {}", t.str());
   Shape shape = t.shape();
-  shape[0] *= world().size;
+  shape[0] *= group.size();
   Tensor in = host_values(t);
   Tensor out = fresh_host(shape, t.dtype());
   const size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
 #if KILN_WITH_MPI
-  if (world().mpi) {
+  if (world().mpi && group.size() > 1) {
     const int count = mpi_count(static_cast<int64_t>(bytes), name);
     run_mpi(name, [&](MPI_Request* r) {
-      return MPI_Iallgather(in.data(), count, MPI_BYTE, writable(out), count, MPI_BYTE, MPI_COMM_WORLD, r);
+      return MPI_Iallgather(in.data(), count, MPI_BYTE, writable(out), count, MPI_BYTE, communicator(group.id(), name), r);
     });
     return like_input(out, t);
   }

@@ -57,18 +57,19 @@ int64_t digest(const std::string& name, const Tensor& t) {
   return static_cast<int64_t>(h >> 1);
 }
 
-void check_same_parameters(const nn::NamedTensors& named) {
-  const int n = world_size();
+void check_same_parameters(const nn::NamedTensors& named, const Group& group) {
+  const int n = group.size();
   if (n == 1) return;
   std::vector<int64_t> mine{static_cast<int64_t>(named.size())};
   for (const auto& [name, t] : named) mine.push_back(digest(name, t));
   // Lists of different lengths cannot be gathered as one block: agree on the length first.
-  const Tensor counts = all_gather(from_vector<int64_t>({mine[0]}, {1}));
+  const Tensor counts = all_gather(from_vector<int64_t>({mine[0]}, {1}), group);
   std::vector<int64_t> c = counts.to_vector<int64_t>();
   for (int r = 0; r < n; ++r)
     KILN_CHECK(c[r] == c[0], "DataParallel", "rank {} has {} parameter tensors but rank {} has {}; every rank must build the same model",
                r, c[r], 0, c[0]);
-  std::vector<int64_t> all = all_gather(from_vector<int64_t>(mine, {static_cast<int64_t>(mine.size())})).to_vector<int64_t>();
+  std::vector<int64_t> all =
+      all_gather(from_vector<int64_t>(mine, {static_cast<int64_t>(mine.size())}), group).to_vector<int64_t>();
   const size_t per = mine.size();
   for (size_t i = 1; i < per; ++i)
     for (int r = 1; r < n; ++r)
@@ -90,9 +91,9 @@ int64_t exact_integers(DType t) {
 
 // The step tag a rank adds to its first bucket: `world` elements, zero but for this rank's count
 // at its own index, so that the bucket's sum tells every rank every rank's count.
-Tensor step_tag(int64_t count, const Tensor& like, int world) {
+Tensor step_tag(int64_t count, const Tensor& like, int world, int rank) {
   std::vector<double> tag(static_cast<size_t>(world), 0.0);
-  tag[static_cast<size_t>(rank())] = static_cast<double>(count % exact_integers(like.dtype()));
+  tag[static_cast<size_t>(rank)] = static_cast<double>(count % exact_integers(like.dtype()));
   return from_vector<double>(tag, {world}).cast(like.dtype()).to(like.device());
 }
 
@@ -100,14 +101,14 @@ Tensor step_tag(int64_t count, const Tensor& like, int world) {
 
 class Reducer : public GradientReducer {
  public:
-  explicit Reducer(std::vector<Tensor> params) : params_(std::move(params)) {
+  Reducer(std::vector<Tensor> params, Group group) : params_(std::move(params)), group_(std::move(group)) {
     for (size_t k = 0; k < params_.size(); ++k) index_.emplace(TensorAccess::var(params_[k]).get(), k);
   }
 
   bool reduce(const std::vector<Tensor>& params, std::vector<Tensor>& grads, const std::vector<Tensor>& along) override {
     ++passes;
     if (accumulate > 1 && !accumulated(grads, along)) return false;
-    if (no_sync || world_size() == 1) return true;
+    if (no_sync || group_.size() == 1) return true;
     // Gradients in this wrapper's parameter order (an optimizer may hold a subset, or more).
     std::vector<Tensor> mine(params_.size());
     std::vector<int> where(params_.size(), -1);
@@ -132,11 +133,11 @@ class Reducer : public GradientReducer {
       parts.push_back(std::move(in_bucket));
       members.push_back(std::move(in));
     }
-    const int world = world_size();
+    const int world = group_.size();
     // The first bucket also carries every rank's count of backward passes, checked after the
     // step (after_step): a rank that synced a step the others kept local (no_sync, a different
     // accumulate) pairs its all-reduces with the wrong ones of the others, which MPI cannot see.
-    if (!parts.empty()) parts[0].push_back(step_tag(passes, parts[0][0], world));
+    if (!parts.empty()) parts[0].push_back(step_tag(passes, parts[0][0], world, group_.rank()));
     for (size_t b = 0; b < parts.size(); ++b) {
       Tensor reduced;
       if (parts[b][0].device().is_cpu()) {
@@ -144,7 +145,7 @@ class Reducer : public GradientReducer {
         // as the bucket's gradients are computed and waited for before the updates that read it;
         // the rest of the backward runs meanwhile. The planner has each gradient computed straight
         // into its place in the bucket's buffer (no concat kernel, no copy).
-        reduced = prim::all_reduce(parts[b], 0, world);
+        reduced = prim::all_reduce(parts[b], 0, world, group_.id());
       } else {
         // Device gradients go through the host: computed first (with what the step realizes
         // anyway, so nothing is computed twice), then reduced.
@@ -157,7 +158,7 @@ class Reducer : public GradientReducer {
         }
         std::vector<Tensor> flat;
         for (const Tensor& g : parts[b]) flat.push_back(g.reshape({g.numel()}));
-        reduced = all_reduce(flat.size() == 1 ? flat[0] : concat(flat, 0), ReduceOp::Sum);
+        reduced = all_reduce(flat.size() == 1 ? flat[0] : concat(flat, 0), ReduceOp::Sum, group_);
       }
       ++all_reduces;
       if (b == 0) tags = reduced.slice(0, reduced.numel() - world, reduced.numel());
@@ -209,6 +210,7 @@ class Reducer : public GradientReducer {
   }
 
   std::vector<Tensor> params_;
+  Group group_;                                   // the replicas that average their gradients
   std::unordered_map<const Var*, size_t> index_;  // a parameter's position in params_
   bool no_sync = false;
   int64_t all_reduces = 0;
@@ -218,27 +220,30 @@ class Reducer : public GradientReducer {
   std::vector<Tensor> sums;  // gradients accumulated so far (per optimizer gradient)
 };
 
-DataParallel::DataParallel(nn::AnyModule module) : nn::Module(static_cast<const nn::Module&>(module)), module_(std::move(module)) {
+DataParallel::DataParallel(nn::AnyModule module, Group group)
+    : nn::Module(static_cast<const nn::Module&>(module)), module_(std::move(module)) {
   init();
+  KILN_CHECK(group.contains_me(), "DataParallel", "rank {} is not a member of the group of world ranks [{}]", rank(),
+             fmt::join(group.ranks(), ", "));
   const nn::NamedTensors named = module_.named_parameters();
-  check_same_parameters(named);
-  if (world_size() > 1) {
+  check_same_parameters(named, group);
+  if (group.size() > 1) {
     NoGradGuard no_grad;
     std::vector<Tensor> received;
     for (auto [name, p] : named) {
-      Tensor value = broadcast(p, 0);
+      Tensor value = broadcast(p, 0, group);
       p.assign(value);
       received.push_back(p);
     }
     for (auto [name, b] : module_.named_buffers()) {
-      b.assign(broadcast(b, 0));
+      b.assign(broadcast(b, 0, group));
       received.push_back(b);
     }
     if (!received.empty()) sync(received);
   }
   std::vector<Tensor> params;
   for (const auto& [name, p] : named) params.push_back(p);
-  reducer_ = std::make_shared<Reducer>(std::move(params));
+  reducer_ = std::make_shared<Reducer>(std::move(params), std::move(group));
   for (const Tensor& p : reducer_->params_) set_gradient_reducer(p, reducer_);
 }
 

@@ -17,6 +17,7 @@
 #include <memory>
 #include <vector>
 
+#include "distributed/communicator.h"
 #include "nn/module.h"
 
 namespace kiln::distributed {
@@ -33,8 +34,9 @@ class DataParallel : public nn::Module {
   // Wraps `module` (copies of a module alias it: training `model` trains `module`). Calls init()
   // if needed, checks that every rank has the same parameters (names, shapes, dtypes), and
   // broadcasts rank 0's parameters and buffers. Throws kiln::Error naming the first parameter
-  // that differs and the ranks.
-  explicit DataParallel(nn::AnyModule module);
+  // that differs and the ranks. `group`: the replicas (default: every rank); with a pipeline or
+  // tensor-parallel group on the other axis, a 2-D layout (distributed::new_group).
+  explicit DataParallel(nn::AnyModule module, Group group = {});
 
   Tensor forward(const Tensor& x) override { return module_.forward(x); }
   nn::AnyModule& module() { return module_; }

@@ -122,14 +122,21 @@ std::vector<int64_t> pipeline_stages(const nn::Sequential& model, const std::vec
 Pipeline::Pipeline(const nn::Sequential& model, PipelineOptions options)
     : nn::Module("Pipeline"), options_(std::move(options)) {
   init();
-  stages_ = world_size();
-  stage_ = rank();
+  const Group& group = options_.group_;
+  KILN_CHECK(group.contains_me(), "Pipeline", "rank {} is not a member of the group of world ranks [{}]", rank(),
+             fmt::join(group.ranks(), ", "));
+  stages_ = group.size();
+  stage_ = group.rank();
   const int64_t m = options_.micro_batches_;
   KILN_CHECK(m >= 1 && m <= kMaxMicroBatches, "Pipeline", "micro_batches must lie in [1, {}], got {}", kMaxMicroBatches, m);
   bounds_ = pipeline_stages(model, options_.balance_, stages_);
   for (int64_t i = bounds_[static_cast<size_t>(stage_)]; i < bounds_[static_cast<size_t>(stage_) + 1]; ++i)
     layers_.push_back(register_module(std::to_string(i), model[static_cast<size_t>(i)]));
   memory::set_trace_process_name(fmt::format("kiln rank {}: stage {} of {}", stage_, stage_, stages_));
+}
+
+int64_t Pipeline::peer(int64_t offset) const {
+  return options_.group_.world_rank(static_cast<int>(stage_ + offset));
 }
 
 double Pipeline::theoretical_bubble() const {
@@ -156,7 +163,7 @@ Tensor Pipeline::train_step(optim::Optimizer& opt, const Tensor& input, const Te
   if (!known) {
     Shape micro = input.shape();
     micro[0] = per;
-    layouts_[key] = is_first() ? std::make_pair(micro, input.dtype()) : recv_layout(stage_ - 1);
+    layouts_[key] = is_first() ? std::make_pair(micro, input.dtype()) : recv_layout(peer(-1));
   }
 
   const std::vector<Tensor> params = opt.parameters();
@@ -173,7 +180,7 @@ Tensor Pipeline::train_step(optim::Optimizer& opt, const Tensor& input, const Te
         xs[k] = input.slice(0, a.micro_batch * per, (a.micro_batch + 1) * per);
       } else {
         const auto& [shape, dtype] = layouts_.at(key);
-        xs[k] = prim::recv(shape, dtype, stage_ - 1, activation_tag(a.micro_batch));
+        xs[k] = prim::recv(shape, dtype, peer(-1), activation_tag(a.micro_batch));
         xs[k].requires_grad_();
       }
       ys[k] = run_stage(xs[k]);
@@ -181,9 +188,9 @@ Tensor Pipeline::train_step(optim::Optimizer& opt, const Tensor& input, const Te
         losses[k] = loss_fn(ys[k], target.slice(0, a.micro_batch * per, (a.micro_batch + 1) * per)) /
                     static_cast<double>(m);
       } else {
-        if (!known && a.micro_batch == 0) send_layout(ys[k], stage_ + 1);
+        if (!known && a.micro_batch == 0) send_layout(ys[k], peer(1));
         NoGradGuard no_grad;
-        outputs.push_back(prim::send(ys[k].detach(), stage_ + 1, activation_tag(a.micro_batch)));
+        outputs.push_back(prim::send(ys[k].detach(), peer(1), activation_tag(a.micro_batch)));
       }
       last_.peak_live_micro_batches = std::max(last_.peak_live_micro_batches, ++live);
       continue;
@@ -196,12 +203,12 @@ Tensor Pipeline::train_step(optim::Optimizer& opt, const Tensor& input, const Te
       NoGradGuard no_grad;
       loss = loss.defined() ? loss + losses[k].detach() : losses[k].detach();
     } else {
-      Tensor g = prim::recv(ys[k].shape(), ys[k].dtype(), stage_ + 1, gradient_tag(a.micro_batch));
+      Tensor g = prim::recv(ys[k].shape(), ys[k].dtype(), peer(1), gradient_tag(a.micro_batch));
       grads = grad(ys[k], wrt, g);
     }
     NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) sums[i] = accumulate(sums[i], grads[i]);
-    if (!is_first()) outputs.push_back(prim::send(grads.back(), stage_ - 1, gradient_tag(a.micro_batch)));
+    if (!is_first()) outputs.push_back(prim::send(grads.back(), peer(-1), gradient_tag(a.micro_batch)));
     xs[k] = ys[k] = losses[k] = Tensor();
     --live;
   }
@@ -217,16 +224,16 @@ Tensor Pipeline::train_step(optim::Optimizer& opt, const Tensor& input, const Te
 Tensor Pipeline::forward(const Tensor& x) {
   const auto key = std::make_tuple(x.shape(), x.dtype(), int64_t{0});
   const bool known = layouts_.count(key) > 0;
-  if (!known) layouts_[key] = is_first() ? std::make_pair(x.shape(), x.dtype()) : recv_layout(stage_ - 1);
+  if (!known) layouts_[key] = is_first() ? std::make_pair(x.shape(), x.dtype()) : recv_layout(peer(-1));
   Tensor in = x;
   if (!is_first()) {
     const auto& [shape, dtype] = layouts_.at(key);
-    in = prim::recv(shape, dtype, stage_ - 1, kForwardTag);
+    in = prim::recv(shape, dtype, peer(-1), kForwardTag);
   }
   Tensor y = run_stage(in);
   if (is_last()) return y;
-  if (!known) send_layout(y, stage_ + 1);
-  Tensor token = prim::send(y.detach(), stage_ + 1, kForwardTag);
+  if (!known) send_layout(y, peer(1));
+  Tensor token = prim::send(y.detach(), peer(1), kForwardTag);
   sync({token});
   return {};
 }

@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "distributed/communicator.h"
 #include "nn/sequential.h"
 #include "optim/optimizer.h"
 
@@ -41,7 +42,14 @@ struct PipelineOptions {
     schedule_ = s;
     return *this;
   }
+  // The ranks that hold the stages, in stage order (default: every rank, stage r on rank r); with
+  // DataParallel over a group on the other axis, a 2-D layout (distributed::new_group).
+  PipelineOptions& group(Group g) {
+    group_ = std::move(g);
+    return *this;
+  }
   std::vector<int64_t> balance_;
+  Group group_;
   int64_t micro_batches_ = 1;
   PipelineSchedule schedule_ = PipelineSchedule::OneFOneB;
 };
@@ -74,8 +82,8 @@ class Pipeline : public nn::Module {
  public:
   using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
 
-  // Keeps the layers of this rank's stage (rank r runs stage r; the stage count is the world
-  // size), registered under their index in `model`, so a stage's parameter names are the full
+  // Keeps the layers of this rank's stage (group rank r runs stage r; the stage count is the
+  // group's size), registered under their index in `model`, so a stage's parameter names are the full
   // model's. The other layers are not referenced: they are freed with the caller's model.
   // Throws kiln::Error (naming the numbers) for a balance that does not sum to the model's layer
   // count, a stage without layers, or a world of one process.
@@ -104,6 +112,7 @@ class Pipeline : public nn::Module {
 
  private:
   Tensor run_stage(const Tensor& x);
+  int64_t peer(int64_t offset) const;  // the world rank of the stage `offset` away
   // This stage's input shape and dtype for a batch of `input`'s, learnt once per batch shape
   // from the previous stage (which computes it from its own without running anything).
   std::pair<Shape, DType> input_layout(const Tensor& input, int64_t micro_batches);

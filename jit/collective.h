@@ -16,8 +16,9 @@ class CollectiveEngine {
  public:
   virtual ~CollectiveEngine() = default;
   // Starts a sum (op 0) or maximum (op 2) all-reduce of `count` elements of `dtype` in place on
-  // host memory `data`; returns a handle for wait().
-  virtual int64_t start_all_reduce(void* data, int64_t count, DType dtype, int64_t op) = 0;
+  // host memory `data` among the ranks of `group` (0: the world; distributed::Group::id());
+  // returns a handle for wait().
+  virtual int64_t start_all_reduce(void* data, int64_t count, DType dtype, int64_t op, int64_t group) = 0;
   // Starts sending `count` elements at `data` to rank `peer` with `tag`. Nothing waits for it: the
   // engine keeps `keep` (the memory under `data`) until the message has gone, and a message still
   // not received after the collective timeout becomes an Error in a later call.

@@ -83,7 +83,7 @@ class InFlight {
       to += bytes;
     }
     pending_.push_back({out, engine->start_all_reduce(ptrs[out], kernel.out_numel, kernel.buffers[0].dtype,
-                                                      kernel.collective.op),
+                                                      kernel.collective.op, kernel.collective.group),
                         &kernel});
   }
 

@@ -85,6 +85,7 @@ struct CollectiveCall {
   std::vector<int> in_buffers;  // kernel buffers, in order
   std::vector<int64_t> counts;  // elements of each
   int64_t op = 0;               // all-reduce: 0 sum, 2 max (as prim::all_reduce)
+  int64_t group = 0;            // all-reduce: the communicator group (0: the world)
   int64_t peer = -1, tag = 0;   // send and recv
 };
 

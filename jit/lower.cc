@@ -418,6 +418,7 @@ Kernel build_collective(Lowerer& s, const Node* node, int slot) {
   CollectiveCall& c = k.collective;
   if (node->op == Op::AllReduce) {
     c.op = node->ints[0];
+    c.group = node->ints[3];
     k.summary = fmt::format("AllReduce {} [{}]", node->ints[0] == 0 ? "sum" : "max", node->numel());
   } else {
     c.kind = node->op == Op::Send ? CollectiveKind::Send : CollectiveKind::Recv;

@@ -91,8 +91,9 @@ Grads reshape_grad(const NodePtr& n, const Tensor& g) {
   // A reshape with an attribute is prim::all_reduce_gradient's identity.
   if (!n->ints.empty()) {
     // MPI has no half types: their sums run in float32, as distributed::all_reduce does.
-    if (g.dtype() != DType::Float16 && g.dtype() != DType::BFloat16) return {prim::all_reduce(g, 0, n->ints[0])};
-    return {prim::cast(prim::all_reduce(prim::cast(g, DType::Float32), 0, n->ints[0]), g.dtype())};
+    const int64_t world = n->ints[0], group = n->ints[1];
+    if (g.dtype() != DType::Float16 && g.dtype() != DType::BFloat16) return {prim::all_reduce(g, 0, world, false, group)};
+    return {prim::cast(prim::all_reduce(prim::cast(g, DType::Float32), 0, world, false, group), g.dtype())};
   }
   return {prim::reshape(g, n->inputs[0]->shape)};
 }
@@ -201,7 +202,7 @@ Grads conv2d_backward_weight_grad(const NodePtr& n, const Tensor& g) {
 Grads all_reduce_grad(const NodePtr& n, const Tensor& g) {
   KILN_CHECK(n->ints[0] == 0, "all_reduce", "only a sum (or mean) all-reduce has a gradient; got a maximum");
   if (n->ints[2] == 1) return {g};  // replicated: every rank's loss is the same function of the sum
-  Tensor all = prim::all_reduce(g, 0, n->ints[1]);
+  Tensor all = prim::all_reduce(g, 0, n->ints[1], false, n->ints[3]);
   if (n->inputs.size() == 1) return {all};
   Grads parts;  // a bucket's: each part's slice of the flat result
   int64_t at = 0;

@@ -223,16 +223,16 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return make(Op::Matmul, a.dtype(), {a.shape()[0], a.shape()[1], b.shape()[2]}, {a, b});
 }
 
-Tensor all_reduce(const Tensor& x, int64_t op, int64_t world, bool replicated) {
-  KILN_CHECK((op == 0 || op == 2) && world > 1, "all_reduce", "op must be 0 (sum) or 2 (max) in a world of 2 or more, got {} in {}",
-             op, world);
-  return make(Op::AllReduce, x.dtype(), x.shape(), {x}, {op, world, replicated ? 1 : 0});
+Tensor all_reduce(const Tensor& x, int64_t op, int64_t world, bool replicated, int64_t group) {
+  KILN_CHECK((op == 0 || op == 2) && world > 1 && group >= 0, "all_reduce",
+             "op must be 0 (sum) or 2 (max) in a world of 2 or more, got {} in {} (group {})", op, world, group);
+  return make(Op::AllReduce, x.dtype(), x.shape(), {x}, {op, world, replicated ? 1 : 0, group});
 }
 
-Tensor all_reduce_gradient(const Tensor& x, int64_t world) {
-  KILN_CHECK(world > 1, "all_reduce_gradient", "needs a world of 2 or more, got {}", world);
-  // A reshape to the same shape is a free view; the attribute only changes its gradient rule.
-  return make(Op::Reshape, x.dtype(), x.shape(), {x}, {world});
+Tensor all_reduce_gradient(const Tensor& x, int64_t world, int64_t group) {
+  KILN_CHECK(world > 1 && group >= 0, "all_reduce_gradient", "needs a world of 2 or more, got {} (group {})", world, group);
+  // A reshape to the same shape is a free view; the attributes only change its gradient rule.
+  return make(Op::Reshape, x.dtype(), x.shape(), {x}, {world, group});
 }
 
 Tensor send(const Tensor& x, int64_t to, int64_t tag) {
@@ -246,9 +246,9 @@ Tensor recv(const Shape& shape, DType dtype, int64_t from, int64_t tag) {
   return make(Op::Recv, dtype, shape, {}, {from, tag});
 }
 
-Tensor all_reduce(const std::vector<Tensor>& parts, int64_t op, int64_t world) {
+Tensor all_reduce(const std::vector<Tensor>& parts, int64_t op, int64_t world, int64_t group) {
   KILN_CHECK(!parts.empty(), "all_reduce", "needs at least one tensor");
-  if (parts.size() == 1) return all_reduce(parts[0].reshape({parts[0].numel()}), op, world);
+  if (parts.size() == 1) return all_reduce(parts[0].reshape({parts[0].numel()}), op, world, false, group);
   KILN_CHECK((op == 0 || op == 2) && world > 1, "all_reduce", "op must be 0 (sum) or 2 (max) in a world of 2 or more, got {} in {}",
              op, world);
   int64_t total = 0;
@@ -257,7 +257,7 @@ Tensor all_reduce(const std::vector<Tensor>& parts, int64_t op, int64_t world) {
                "the tensors of one all-reduce share a dtype and a device; got {} and {}", parts[0].str(), p.str());
     total += p.numel();
   }
-  return make(Op::AllReduce, parts[0].dtype(), {total}, parts, {op, world, 0});
+  return make(Op::AllReduce, parts[0].dtype(), {total}, parts, {op, world, 0, group});
 }
 
 namespace {

@@ -46,15 +46,16 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // communicator, recorded as a node the executor runs as a collective (jit/collective.h).
 // Its gradient: by default each rank's loss is its own (data parallel), so the gradient is the
 // all-reduced output gradient; `replicated` says every rank computes the same loss from the
-// result (tensor parallel), so the output gradient passes through unchanged.
-Tensor all_reduce(const Tensor& x, int64_t op, int64_t world, bool replicated = false);
+// result (tensor parallel), so the output gradient passes through unchanged. `group`: the ranks
+// it runs among (distributed::Group::id(); 0: the world), `world` of them.
+Tensor all_reduce(const Tensor& x, int64_t op, int64_t world, bool replicated = false, int64_t group = 0);
 // The identity whose gradient is summed over the `world` ranks: a value every rank holds alike,
 // read by per-rank computations (the input of a column-parallel layer). A view: no kernel runs.
-Tensor all_reduce_gradient(const Tensor& x, int64_t world);
+Tensor all_reduce_gradient(const Tensor& x, int64_t world, int64_t group = 0);
 // One all-reduce of several tensors of one dtype (a data-parallel bucket): the result is their
 // values flattened and laid end to end, reduced. The executor packs the parts into the result's
 // buffer itself, so no concatenation kernel runs.
-Tensor all_reduce(const std::vector<Tensor>& parts, int64_t op, int64_t world);
+Tensor all_reduce(const std::vector<Tensor>& parts, int64_t op, int64_t world, int64_t group = 0);
 // Point to point inside a plan (host tensors): send starts a non-blocking send of x's values to
 // rank `to` where the plan computes it and returns a one-element token to realize (the executor
 // keeps a copy of the values until the message is received); recv is a node with no input whose

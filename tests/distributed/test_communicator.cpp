@@ -75,6 +75,43 @@ TEST_CASE("collectives reduce, gather, scatter and send across every rank", "[di
   dist::barrier();
 }
 
+TEST_CASE("groups run collectives among their members only", "[distributed]") {
+  dist::init();
+  const int me = dist::rank(), n = dist::world_size();
+  // Every rank makes every group, members or not, in the same order.
+  dist::Group all = dist::new_group([n] {
+    std::vector<int> r(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) r[static_cast<size_t>(i)] = i;
+    return r;
+  }());
+  dist::Group pair = dist::new_group(n == 1 ? std::vector<int>{0} : std::vector<int>{0, n - 1});
+  CHECK(all.size() == n);
+  CHECK(all.rank() == me);
+  CHECK(all.id() > 0);
+  CHECK(pair.id() == all.id() + 1);
+  CHECK_THROWS_WITH(dist::new_group({0, n}), Catch::Contains("distinct ranks of this world of"));
+  CHECK_THROWS_WITH(dist::new_group({}), Catch::Contains("at least one rank"));
+  // The lazy all-reduce of a host tensor (a node of the plan) over a group.
+  Tensor mine = from_vector<float>({static_cast<float>(me + 1)}, {1});
+  CHECK(dist::all_reduce(mine * 2.0, dist::ReduceOp::Sum, all).item() == Approx(n * (n + 1)));
+  if (!pair.contains_me()) {
+    CHECK(pair.rank() == -1);
+    CHECK_THROWS_WITH(dist::all_reduce(mine, dist::ReduceOp::Sum, pair), Catch::Contains("not a member"));
+    CHECK_THROWS_WITH(dist::barrier(pair), Catch::Contains("not a member"));
+    dist::barrier();
+    return;
+  }
+  const int expected = n == 1 ? 1 : 1 + n;  // ranks 0 and n - 1, plus one each
+  CHECK(dist::all_reduce(mine, dist::ReduceOp::Sum, pair).item() == Approx(expected));
+  CHECK(dist::all_reduce(mine, dist::ReduceOp::Mean, pair).item() == Approx(expected / static_cast<double>(pair.size())));
+  // Ranks are group ranks: root 1 of the pair is world rank n - 1.
+  const int root = pair.size() - 1;
+  CHECK(dist::broadcast(mine, root, pair).item() == Approx(pair.world_rank(root) + 1));
+  CHECK(dist::all_gather(mine, pair).to_vector<float>() == (n == 1 ? std::vector<float>{1} : std::vector<float>{1, static_cast<float>(n)}));
+  dist::barrier(pair);
+  dist::barrier();
+}
+
 TEST_CASE("collectives take lazy and CUDA tensors and leave their input alone", "[distributed][device]") {
   dist::init();
   Tensor x = rank_values(dist::rank(), 6) * 2.0;  // pending until the collective realizes it

@@ -253,3 +253,33 @@ TEST_CASE("a pipeline step's trace shows the stage's forward, backward, update a
   // Messages (sends, receives and the waits for them) run on a row of their own.
   CHECK(rows.count("communication") == (pipe.stages() > 1 ? 1u : 0u));
 }
+
+TEST_CASE("2 pipeline stages x 2 data-parallel replicas (4 ranks) train like one process", "[pipeline][distributed]") {
+  dist::init();
+  if (dist::world_size() != 4) return;  // the layout needs 4 ranks (ctest's mpi.np4.pipeline)
+  // Ranks 0, 1 are replica 0's stages, ranks 2, 3 replica 1's; every rank makes every group.
+  std::vector<dist::Group> replicas{dist::new_group({0, 1}), dist::new_group({2, 3})};
+  std::vector<dist::Group> stages{dist::new_group({0, 2}), dist::new_group({1, 3})};
+  const int me = dist::rank(), replica = me / 2;
+  nn::Sequential whole = mlp(5);
+  dist::Pipeline pipe(mlp(5), dist::PipelineOptions().micro_batches(2).group(replicas[static_cast<size_t>(replica)]));
+  CHECK(pipe.stage() == me % 2);
+  dist::DataParallel averaged(pipe, stages[static_cast<size_t>(me % 2)]);  // the replicas of this stage
+  optim::SGD opt(pipe.parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  optim::SGD reference(whole.parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 5; ++step) {
+    auto [x, y] = batch(step);  // 8 rows: each replica trains on its 4
+    Tensor xs = x.slice(0, 4 * replica, 4 * replica + 4), ys = y.slice(0, 4 * replica, 4 * replica + 4);
+    Tensor loss = pipe.train_step(opt, xs, ys, mse);
+    reference.step(mse(whole.forward(x), y));
+    CHECK(loss.defined() == pipe.is_last());
+  }
+  std::map<std::string, Tensor> full;
+  for (const auto& [name, p] : whole.named_parameters()) full[name] = p;
+  for (const auto& [name, p] : pipe.named_parameters()) {
+    INFO("parameter " << name << " on rank " << me);
+    std::vector<double> got = p.to_doubles(), want = full.at(name).to_doubles();
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-12));
+  }
+  dist::barrier();
+}

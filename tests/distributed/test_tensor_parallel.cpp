@@ -154,3 +154,29 @@ TEST_CASE("tensor parallel rejects widths the world does not divide, naming them
   CHECK_THROWS_WITH(dist::RowParallelLinear(2 * w, 4).forward(zeros({3, 2 * w})),
                     Catch::Contains(fmt::format("does not end in 2 (this rank's block of in_features={}", 2 * w)));
 }
+
+TEST_CASE("a tensor-parallel layer pair over a group equals the dense layers on its members",
+          "[tensor_parallel][distributed]") {
+  dist::init();
+  const int n = dist::world_size();
+  // The first two ranks (or the only one) split the layers; a third rank, if any, stays out.
+  dist::Group pair = dist::new_group(n == 1 ? std::vector<int>{0} : std::vector<int>{0, 1});
+  if (!pair.contains_me()) {
+    CHECK_THROWS_WITH(dist::ColumnParallelLinear(f64(kIn, kHidden), false, pair), Catch::Contains("not a member"));
+    return;
+  }
+  manual_seed(31);
+  nn::Linear fc1(f64(kIn, kHidden)), fc2(f64(kHidden, kOut));
+  manual_seed(31);
+  dist::ColumnParallelLinear col(f64(kIn, kHidden), false, pair);
+  dist::RowParallelLinear row(f64(kHidden, kOut), true, pair);
+  Tensor x1 = input(9).requires_grad_(), x2 = input(9).requires_grad_();
+  Tensor want = fc2.forward(tanh(fc1.forward(x1))), got = row.forward(tanh(col.forward(x2)));
+  check_close(got.to_doubles(), want.to_doubles(), "output");
+  (want * want).sum().backward();
+  (got * got).sum().backward();
+  check_close(x2.grad().to_doubles(), x1.grad().to_doubles(), "input gradient");
+  const int64_t h = kHidden / pair.size(), r = pair.rank();
+  check_close(col.weight.grad().to_doubles(), fc1.weight.grad().slice(0, r * h, (r + 1) * h).to_doubles(), "fc1.weight gradient");
+  check_close(row.weight.grad().to_doubles(), fc2.weight.grad().slice(1, r * h, (r + 1) * h).to_doubles(), "fc2.weight gradient");
+}

@@ -231,7 +231,8 @@ Tensor Pipeline::forward(const Tensor& x) {
     in = prim::recv(shape, dtype, peer(-1), kForwardTag);
   }
   Tensor y = run_stage(in);
-  if (is_last()) return y;
+  // Realized at once: a receive left pending would keep the stage before waiting for it.
+  if (is_last()) return y.realize();
   if (!known) send_layout(y, peer(1));
   Tensor token = prim::send(y.detach(), peer(1), kForwardTag);
   sync({token});

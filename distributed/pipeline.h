@@ -97,7 +97,7 @@ class Pipeline : public nn::Module {
   Tensor train_step(optim::Optimizer& opt, const Tensor& input, const Tensor& target, const LossFn& loss_fn);
 
   // The whole batch through the stages (use under NoGradGuard for evaluation): the output on the
-  // last stage (lazy), an undefined tensor on the others, which realize what they send.
+  // last stage (realized), an undefined tensor on the others, which realize what they send.
   Tensor forward(const Tensor& x) override;
 
   int64_t stage() const { return stage_; }

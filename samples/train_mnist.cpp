@@ -32,6 +32,9 @@
 // measured pipeline bubble next to the theory, (P - 1) / (M + P - 1). --save writes one file per
 // stage (mlp.safetensors -> mlp.stage0.safetensors, ...), whose parameter names are the model's.
 //   mpirun -np 2 ./build/samples/train_mnist --pipeline 2 --micro-batches 8 --schedule 1f1b
+// With --data-parallel as well, a world of R x P processes trains R replicas of the P-stage
+// pipeline, each on its shard (2-D: replica r holds ranks r*P ... r*P + P - 1):
+//   mpirun -np 4 ./build/samples/train_mnist --pipeline 2 --data-parallel
 //
 // --tensor-parallel T splits the MLP's two large layers over T processes (mpirun -np T):
 // fc1 by its outputs, fc2 by its inputs, one all-reduce per forward and one per backward; every
@@ -53,6 +56,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <numeric>
 #include <optional>
 #include <fstream>
 #include <iostream>
@@ -314,17 +318,42 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
 // optimizer state; the last stage reports.
 static void fit_pipeline(const Settings& settings, const data::Dataset& train_set, const data::Dataset& test) {
   namespace dist = kiln::distributed;
+  // With --data-parallel: replica r runs its stages on ranks [r * P, (r + 1) * P), and the ranks
+  // holding the same stage average their gradients (a 2-D layout of replicas x stages).
+  const int stages = static_cast<int>(settings.pipeline), replicas = dist::world_size() / stages;
+  const int replica = dist::rank() / stages;
+  std::vector<dist::Group> pipelines, same_stage;
+  for (int r = 0; r < replicas; ++r) {  // every rank makes every group, in the same order
+    std::vector<int> ranks(static_cast<size_t>(stages));
+    std::iota(ranks.begin(), ranks.end(), r * stages);
+    pipelines.push_back(dist::new_group(ranks));
+  }
+  for (int s = 0; s < stages; ++s) {
+    std::vector<int> ranks;
+    for (int r = 0; r < replicas; ++r) ranks.push_back(r * stages + s);
+    same_stage.push_back(dist::new_group(ranks));
+  }
   dist::Pipeline pipe(kiln::samples::mlp_layers(),
-                      dist::PipelineOptions().micro_batches(settings.micro_batches).schedule(
-                          settings.schedule == "gpipe" ? dist::PipelineSchedule::GPipe : dist::PipelineSchedule::OneFOneB));
-  const bool lead = pipe.is_last();
+                      dist::PipelineOptions()
+                          .micro_batches(settings.micro_batches)
+                          .schedule(settings.schedule == "gpipe" ? dist::PipelineSchedule::GPipe
+                                                                 : dist::PipelineSchedule::OneFOneB)
+                          .group(pipelines[static_cast<size_t>(replica)]));
+  std::optional<dist::DataParallel> averaged;
+  if (replicas > 1) averaged.emplace(pipe, same_stage[static_cast<size_t>(pipe.stage())]);
+  const bool lead = pipe.is_last() && replica == 0;
   if (lead)
-    fmt::print("pipeline: {} stages (layers {}), {} micro-batches of {}, {}\n", pipe.stages(),
+    fmt::print("pipeline: {} stages (layers {}), {} micro-batches of {}, {}{}\n", pipe.stages(),
                fmt::join(pipe.stage_bounds(), "|"), settings.micro_batches, settings.batch_size / settings.micro_batches,
-               settings.schedule);
+               settings.schedule,
+               replicas > 1 ? fmt::format("; {} data-parallel replicas of {} examples per step", replicas, settings.batch_size)
+                            : "");
   kiln::optim::SGD optimizer(pipe.parameters(), kiln::optim::SGDOptions(settings.lr).momentum(0.9));
-  data::DataLoader loader(train_set,
-                          data::DataLoaderOptions(settings.batch_size).shuffle(true).seed(settings.seed).drop_last(true));
+  data::DataLoader loader(train_set, data::DataLoaderOptions(settings.batch_size)
+                                         .shuffle(true)
+                                         .seed(settings.seed)
+                                         .drop_last(true)
+                                         .sampler({replica, replicas}));
   int64_t total_steps = static_cast<int64_t>(loader.size()) * settings.epochs;
   if (settings.max_steps >= 0) total_steps = std::min(total_steps, settings.max_steps);
   kiln::optim::CosineAnnealingLR schedule(optimizer, std::max<int64_t>(total_steps, 1));
@@ -359,7 +388,7 @@ static void fit_pipeline(const Settings& settings, const data::Dataset& train_se
     int64_t correct = 0;
     for (data::Batch& batch : eval_loader) {
       Tensor logits = pipe.forward(batch.input);
-      if (lead) correct += static_cast<int64_t>(count_correct(logits, batch.target).item());
+      if (pipe.is_last()) correct += static_cast<int64_t>(count_correct(logits, batch.target).item());
     }
     pipe.train();
     if (lead)
@@ -372,8 +401,8 @@ static void fit_pipeline(const Settings& settings, const data::Dataset& train_se
   Tensor mine = kiln::from_vector<double>({static_cast<double>(param_bytes), static_cast<double>(arena),
                                            static_cast<double>(peak_live), waited / std::max(step_seconds, 1e-9)},
                                           {1, 4});
-  std::vector<double> all = dist::all_gather(mine).to_doubles();
-  if (!settings.save_path.empty()) {
+  std::vector<double> all = dist::all_gather(mine, pipelines[static_cast<size_t>(replica)]).to_doubles();
+  if (!settings.save_path.empty() && replica == 0) {  // the replicas hold the same weights
     const std::string stage_path = suffixed(settings.save_path, fmt::format("stage{}", pipe.stage()));
     nn::save(pipe, stage_path);
     fmt::print("stage {}: saved {}\n", pipe.stage(), stage_path);
@@ -444,12 +473,18 @@ int main(int argc, char** argv) {
                  "train_mnist", "--tensor-parallel runs the MLP on the CPU, without --data-parallel, --pipeline or --load");
     }
     if (pipeline > 0) {
-      KILN_CHECK(pipeline == kiln::distributed::world_size(), "train_mnist",
-                 "--pipeline {} needs {} processes (mpirun -np {}), one per stage; this world has {}", pipeline, pipeline,
-                 pipeline, kiln::distributed::world_size());
-      KILN_CHECK(!data_parallel && accumulate == 1 && model_name == "mlp" && device == "cpu" && amp == "none" &&
-                     load_path.empty(),
-                 "train_mnist", "--pipeline runs the MLP on the CPU in float32, without --data-parallel, --accumulate "
+      const int world = kiln::distributed::world_size();
+      if (data_parallel)
+        KILN_CHECK(world % pipeline == 0, "train_mnist",
+                   "--pipeline {} --data-parallel needs a multiple of {} processes (replicas x stages); this world has {}",
+                   pipeline, pipeline, world);
+      else
+        KILN_CHECK(pipeline == world, "train_mnist",
+                   "--pipeline {} needs {} processes (mpirun -np {}), one per stage (or --data-parallel with a "
+                   "multiple of {}); this world has {}",
+                   pipeline, pipeline, pipeline, pipeline, world);
+      KILN_CHECK(accumulate == 1 && model_name == "mlp" && device == "cpu" && amp == "none" && load_path.empty(),
+                 "train_mnist", "--pipeline runs the MLP on the CPU in float32, without --accumulate "
                  "(micro-batches do that), --amp or --load");
       KILN_CHECK(batch_size % micro_batches == 0, "train_mnist",
                  "--batch {} does not split into --micro-batches {} equal micro-batches", batch_size, micro_batches);

@@ -135,6 +135,11 @@ Pipeline::Pipeline(const nn::Sequential& model, PipelineOptions options)
   memory::set_trace_process_name(fmt::format("kiln rank {}: stage {} of {}", stage_, stage_, stages_));
 }
 
+Device Pipeline::device() const {
+  for (const Tensor& p : parameters()) return p.device();
+  return Device::cpu();
+}
+
 int64_t Pipeline::peer(int64_t offset) const {
   return options_.group_.world_rank(static_cast<int>(stage_ + offset));
 }
@@ -180,7 +185,7 @@ Tensor Pipeline::train_step(optim::Optimizer& opt, const Tensor& input, const Te
         xs[k] = input.slice(0, a.micro_batch * per, (a.micro_batch + 1) * per);
       } else {
         const auto& [shape, dtype] = layouts_.at(key);
-        xs[k] = prim::recv(shape, dtype, peer(-1), activation_tag(a.micro_batch));
+        xs[k] = prim::recv(shape, dtype, peer(-1), activation_tag(a.micro_batch), device());
         xs[k].requires_grad_();
       }
       ys[k] = run_stage(xs[k]);
@@ -203,7 +208,7 @@ Tensor Pipeline::train_step(optim::Optimizer& opt, const Tensor& input, const Te
       NoGradGuard no_grad;
       loss = loss.defined() ? loss + losses[k].detach() : losses[k].detach();
     } else {
-      Tensor g = prim::recv(ys[k].shape(), ys[k].dtype(), peer(1), gradient_tag(a.micro_batch));
+      Tensor g = prim::recv(ys[k].shape(), ys[k].dtype(), peer(1), gradient_tag(a.micro_batch), ys[k].device());
       grads = grad(ys[k], wrt, g);
     }
     NoGradGuard no_grad;
@@ -228,7 +233,7 @@ Tensor Pipeline::forward(const Tensor& x) {
   Tensor in = x;
   if (!is_first()) {
     const auto& [shape, dtype] = layouts_.at(key);
-    in = prim::recv(shape, dtype, peer(-1), kForwardTag);
+    in = prim::recv(shape, dtype, peer(-1), kForwardTag, device());
   }
   Tensor y = run_stage(in);
   // Realized at once: a receive left pending would keep the stage before waiting for it.

@@ -113,6 +113,7 @@ class Pipeline : public nn::Module {
  private:
   Tensor run_stage(const Tensor& x);
   int64_t peer(int64_t offset) const;  // the world rank of the stage `offset` away
+  Device device() const;               // where this stage's parameters are (messages arrive there)
   // This stage's input shape and dtype for a batch of `input`'s, learnt once per batch shape
   // from the previous stage (which computes it from its own without running anything).
   std::pair<Shape, DType> input_layout(const Tensor& input, int64_t micro_batches);

@@ -48,7 +48,9 @@ class InFlight {
   // All-reduce: packs the inputs into the output buffer and starts the all-reduce there, in place:
   // the inputs may die at once (the planner reuses their memory), the output lives until its
   // readers. Send: copies the input into memory the engine keeps until the message has gone.
-  // Recv: starts receiving into the output buffer.
+  // Recv: starts receiving into the output buffer. On a device the bytes go through host memory
+  // (the engine moves host memory): copied out when the collective starts (after the kernels
+  // queued before it), and a result copied back, queued before the kernels that read it.
   void start(const Kernel& kernel, void* const* ptrs, Device device) {
     CollectiveEngine* engine = collective_engine();
     const CollectiveCall& c = kernel.collective;
@@ -57,34 +59,40 @@ class InFlight {
                "a plan holds a collective ({}) but no world of several processes is joined; call "
                "kiln::distributed::init() under mpirun",
                kernel.summary);
-    KILN_CHECK(device.is_cpu(), what, "collectives inside a plan run on host tensors; got {}", device.str());
+    memory::Allocator& mem = memory::device_allocator(device);  // host: memcpy
     const int out = kernel.buffers[0].slot;
     const size_t element = dtype_size(kernel.buffers[0].dtype);
     if (c.kind == CollectiveKind::Send) {
       const size_t bytes = static_cast<size_t>(c.counts[0]) * element;
-      std::shared_ptr<Storage> copy = memory::allocate_storage(std::max<size_t>(bytes, 1), device);
-      if (bytes > 0) std::memcpy(copy->data, ptrs[kernel.buffers[c.in_buffers[0]].slot], bytes);
-      std::memset(ptrs[out], 0, element);
+      std::shared_ptr<Storage> copy = memory::allocate_storage(std::max<size_t>(bytes, 1), Device::cpu());
+      if (bytes > 0) mem.copy_to_host(copy->data, ptrs[kernel.buffers[c.in_buffers[0]].slot], bytes);
+      mem.fill(ptrs[out], 0, element);
       engine->start_send(copy->data, c.counts[0], kernel.buffers[0].dtype, c.peer, c.tag, copy);
       stats().messages_sent++;
       return;
     }
+    const size_t out_bytes = static_cast<size_t>(kernel.out_numel) * element;
+    Pending p{out, -1, &kernel, nullptr, nullptr, &mem};
+    if (!device.is_cpu()) {
+      p.staged = memory::allocate_storage(std::max<size_t>(out_bytes, 1), Device::cpu());
+      p.device_out = ptrs[out];
+    }
+    void* host_out = p.staged ? p.staged->data : ptrs[out];
     if (c.kind == CollectiveKind::Recv) {
-      pending_.push_back({out, engine->start_recv(ptrs[out], kernel.out_numel, kernel.buffers[0].dtype, c.peer, c.tag),
-                          &kernel});
+      p.handle = engine->start_recv(host_out, kernel.out_numel, kernel.buffers[0].dtype, c.peer, c.tag);
+      pending_.push_back(std::move(p));
       stats().messages_received++;
       return;
     }
-    char* to = static_cast<char*>(ptrs[out]);
-    for (size_t i = 0; i < kernel.collective.in_buffers.size(); ++i) {
-      const void* from = ptrs[kernel.buffers[kernel.collective.in_buffers[i]].slot];
-      const size_t bytes = static_cast<size_t>(kernel.collective.counts[i]) * element;
-      if (from != to && bytes > 0) std::memcpy(to, from, bytes);
+    char* to = static_cast<char*>(host_out);
+    for (size_t i = 0; i < c.in_buffers.size(); ++i) {
+      const void* from = ptrs[kernel.buffers[c.in_buffers[i]].slot];
+      const size_t bytes = static_cast<size_t>(c.counts[i]) * element;
+      if (from != to && bytes > 0) mem.copy_to_host(to, from, bytes);
       to += bytes;
     }
-    pending_.push_back({out, engine->start_all_reduce(ptrs[out], kernel.out_numel, kernel.buffers[0].dtype,
-                                                      kernel.collective.op, kernel.collective.group),
-                        &kernel});
+    p.handle = engine->start_all_reduce(host_out, kernel.out_numel, kernel.buffers[0].dtype, c.op, c.group);
+    pending_.push_back(std::move(p));
   }
 
   // Waits for the collectives whose buffer `kernel` touches; lets the others advance.
@@ -128,10 +136,16 @@ class InFlight {
     int slot;
     int64_t handle;
     const Kernel* kernel;
+    std::shared_ptr<Storage> staged;  // on a device: the host memory the collective runs in
+    void* device_out;                 // and the device buffer its result goes to
+    memory::Allocator* mem;
   };
   static void finish(const Pending& p) {
     auto start = std::chrono::steady_clock::now();
     collective_engine()->wait(p.handle);
+    if (p.staged)
+      p.mem->copy_from_host(p.device_out, p.staged->data,
+                            static_cast<size_t>(p.kernel->out_numel) * dtype_size(p.kernel->buffers[0].dtype));
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     stats().collective_wait_seconds += waited;
     if (p.kernel->collective.kind == CollectiveKind::Recv) stats().recv_wait_seconds += waited;

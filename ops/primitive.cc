@@ -236,14 +236,16 @@ Tensor all_reduce_gradient(const Tensor& x, int64_t world, int64_t group) {
 }
 
 Tensor send(const Tensor& x, int64_t to, int64_t tag) {
-  KILN_CHECK(to >= 0 && tag >= 0 && x.device().is_cpu(), "send",
-             "sends a host tensor to a rank >= 0 with a tag >= 0; got {} to rank {} with tag {}", x.str(), to, tag);
+  KILN_CHECK(to >= 0 && tag >= 0, "send", "sends to a rank >= 0 with a tag >= 0; got {} to rank {} with tag {}", x.str(),
+             to, tag);
   return make(Op::Send, x.dtype(), {1}, {x}, {to, tag});
 }
 
-Tensor recv(const Shape& shape, DType dtype, int64_t from, int64_t tag) {
+Tensor recv(const Shape& shape, DType dtype, int64_t from, int64_t tag, Device device) {
   KILN_CHECK(from >= 0 && tag >= 0, "recv", "receives from a rank >= 0 with a tag >= 0; got rank {} with tag {}", from, tag);
-  return make(Op::Recv, dtype, shape, {}, {from, tag});
+  Tensor t = record(Op::Recv, dtype, shape, {}, {from, tag});
+  t.node()->device = device;
+  return finish(t);
 }
 
 Tensor all_reduce(const std::vector<Tensor>& parts, int64_t op, int64_t world, int64_t group) {

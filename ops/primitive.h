@@ -56,12 +56,12 @@ Tensor all_reduce_gradient(const Tensor& x, int64_t world, int64_t group = 0);
 // values flattened and laid end to end, reduced. The executor packs the parts into the result's
 // buffer itself, so no concatenation kernel runs.
 Tensor all_reduce(const std::vector<Tensor>& parts, int64_t op, int64_t world, int64_t group = 0);
-// Point to point inside a plan (host tensors): send starts a non-blocking send of x's values to
+// Point to point inside a plan (on a device, through host memory): send starts a non-blocking send of x's values to
 // rank `to` where the plan computes it and returns a one-element token to realize (the executor
 // keeps a copy of the values until the message is received); recv is a node with no input whose
 // value arrives from rank `from`, waited for before its first reader. `tag` pairs the two.
 Tensor send(const Tensor& x, int64_t to, int64_t tag);
-Tensor recv(const Shape& shape, DType dtype, int64_t from, int64_t tag);
+Tensor recv(const Shape& shape, DType dtype, int64_t from, int64_t tag, Device device = Device::cpu());
 
 // 2-D convolution and its two adjoints over contiguous NCHW data, weight (OC, C / groups, KH, KW).
 // conv = {stride h, w, padding h, w, dilation h, w, groups}; shapes are checked by the caller

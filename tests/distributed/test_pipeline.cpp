@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 #include <kiln/kiln.h>
 
+#include "backends/cuda/cuda_runtime.h"
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -282,4 +284,34 @@ TEST_CASE("2 pipeline stages x 2 data-parallel replicas (4 ranks) train like one
     for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-12));
   }
   dist::barrier();
+}
+
+TEST_CASE("a pipeline on a CUDA device trains like one process", "[pipeline][distributed][device]") {
+  if (!cuda::available()) {
+    WARN("SKIPPED: no CUDA device (KILN_CUDA_EMULATOR=1 emulates one)");
+    return;
+  }
+  dist::init();
+  const Device gpu = Device::cuda(0);
+  nn::Sequential whole = mlp(6), stages = mlp(6);
+  whole.to(gpu);
+  stages.to(gpu);
+  dist::Pipeline pipe(stages, dist::PipelineOptions().micro_batches(2));
+  optim::SGD opt(pipe.parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  optim::SGD reference(whole.parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 3; ++step) {
+    auto [x, y] = batch(step);
+    Tensor xg = x.to(gpu), yg = y.to(gpu);
+    Tensor loss = pipe.train_step(opt, xg, yg, mse);
+    Tensor expected = mse(whole.forward(xg), yg);
+    reference.step(expected);
+    if (pipe.is_last()) CHECK(loss.item() == Approx(expected.item()).epsilon(1e-12));
+  }
+  std::map<std::string, Tensor> full;
+  for (const auto& [name, p] : whole.named_parameters()) full[name] = p;
+  for (const auto& [name, p] : pipe.named_parameters()) {
+    CHECK(p.device() == gpu);
+    std::vector<double> got = p.to_doubles(), want = full.at(name).to_doubles();
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-12));
+  }
 }

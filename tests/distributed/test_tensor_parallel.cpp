@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 #include <kiln/kiln.h>
 
+#include "backends/cuda/cuda_runtime.h"
+
 #include "tests/support/gradcheck.h"
 
 using namespace kiln;
@@ -179,4 +181,28 @@ TEST_CASE("a tensor-parallel layer pair over a group equals the dense layers on 
   const int64_t h = kHidden / pair.size(), r = pair.rank();
   check_close(col.weight.grad().to_doubles(), fc1.weight.grad().slice(0, r * h, (r + 1) * h).to_doubles(), "fc1.weight gradient");
   check_close(row.weight.grad().to_doubles(), fc2.weight.grad().slice(1, r * h, (r + 1) * h).to_doubles(), "fc2.weight gradient");
+}
+
+TEST_CASE("a tensor-parallel MLP on a CUDA device computes the dense MLP's output and gradients",
+          "[tensor_parallel][distributed][device]") {
+  if (!cuda::available()) {
+    WARN("SKIPPED: no CUDA device (KILN_CUDA_EMULATOR=1 emulates one)");
+    return;
+  }
+  dist::init();
+  const Device gpu = Device::cuda(0);
+  manual_seed(41);
+  DenseMlp dense;
+  manual_seed(41);
+  ParallelMlp parallel;
+  dense.to(gpu);
+  parallel.to(gpu);
+  Tensor x1 = input(3).to(gpu).requires_grad_(), x2 = input(3).to(gpu).requires_grad_();
+  Tensor want = dense.forward(x1), got = parallel.forward(x2);
+  check_close(got.to_doubles(), want.to_doubles(), "output");
+  (want * want).sum().backward();
+  (got * got).sum().backward();
+  check_close(x2.grad().to_doubles(), x1.grad().to_doubles(), "input gradient");
+  check_close(parallel.fc1.weight.grad().to_doubles(), block(dense.fc1.weight.grad(), 0), "fc1.weight gradient");
+  check_close(parallel.fc2.weight.grad().to_doubles(), block(dense.fc2.weight.grad(), 1), "fc2.weight gradient");
 }

@@ -315,3 +315,48 @@ TEST_CASE("a pipeline on a CUDA device trains like one process", "[pipeline][dis
     for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-12));
   }
 }
+
+namespace {
+
+// A (Linear, Tanh) pair whose activations are recomputed in the backward (nn::checkpoint).
+struct CheckpointedPair : nn::Module {
+  CheckpointedPair()
+      : Module("CheckpointedPair"),
+        block(register_module("block", nn::Sequential(nn::Linear(nn::LinearOptions(6, 6).dtype(DType::Float64)), nn::Tanh()))) {}
+  nn::Sequential block;
+  Tensor forward(const Tensor& x) override { return nn::checkpoint(block, x); }
+};
+
+nn::Sequential checkpointed_mlp(uint64_t seed) {
+  manual_seed(seed);
+  nn::Sequential net;
+  for (int i = 0; i < 4; ++i) net.push_back(CheckpointedPair());
+  return net;
+}
+
+}  // namespace
+
+TEST_CASE("pipeline stages with nn::checkpoint inside train like one process", "[pipeline][distributed]") {
+  dist::init();
+  nn::Sequential whole = checkpointed_mlp(4);
+  dist::Pipeline pipe(checkpointed_mlp(4), dist::PipelineOptions().micro_batches(2));
+  optim::SGD opt(pipe.parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  optim::SGD reference(whole.parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 3; ++step) {
+    auto [x, y] = batch(step);
+    Tensor loss = pipe.train_step(opt, x, y, mse);
+    Tensor expected = mse(whole.forward(x), y);
+    reference.step(expected);
+    if (pipe.is_last()) CHECK(loss.item() == Approx(expected.item()).epsilon(1e-12));
+  }
+  std::map<std::string, Tensor> full;
+  for (const auto& [name, p] : whole.named_parameters()) full[name] = p;
+  const auto named = pipe.named_parameters();
+  CHECK(!named.empty());
+  for (const auto& [name, p] : named) {
+    INFO("parameter " << name);
+    REQUIRE(full.count(name) == 1);
+    std::vector<double> got = p.to_doubles(), want = full.at(name).to_doubles();
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-12));
+  }
+}

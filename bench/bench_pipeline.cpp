@@ -9,11 +9,15 @@
 //   mpirun -np 2 ./build/bench/bench_pipeline [--micro-batches 8] [--layers 16 --width 512 --batch 256]
 #include <kiln/kiln.h>
 
+#include "bench/bench_util.h"
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 
 using namespace kiln;
+using kiln::bench::median;
+using kiln::bench::parameter_bytes;
 namespace dist = kiln::distributed;
 
 namespace {
@@ -26,17 +30,6 @@ nn::Sequential deep_mlp(int layers, int width) {
     net.push_back(nn::ReLU());
   }
   return net;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-int64_t parameter_bytes(const std::vector<Tensor>& params) {
-  int64_t bytes = 0;
-  for (const Tensor& p : params) bytes += p.numel() * static_cast<int64_t>(dtype_size(p.dtype()));
-  return bytes;
 }
 
 }  // namespace

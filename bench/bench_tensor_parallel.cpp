@@ -7,11 +7,15 @@
 //   KILN_NUM_THREADS=1 mpirun -np 2 ./build/bench/bench_tensor_parallel [--pairs 1 --in 784 --width 512 --batch 128]
 #include <kiln/kiln.h>
 
+#include "bench/bench_util.h"
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 
 using namespace kiln;
+using kiln::bench::median;
+using kiln::bench::parameter_bytes;
 namespace dist = kiln::distributed;
 
 namespace {
@@ -34,17 +38,6 @@ nn::Sequential mlp(const Dims& d, Column column, Row row) {
   }
   net.push_back(nn::Linear(d.width, d.out));
   return net;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-int64_t parameter_bytes(const std::vector<Tensor>& params) {
-  int64_t bytes = 0;
-  for (const Tensor& p : params) bytes += p.numel() * static_cast<int64_t>(dtype_size(p.dtype()));
-  return bytes;
 }
 
 struct Run {

@@ -34,7 +34,9 @@ namespace kiln {
   X(Matmul, Library) X(Conv2d, Library) X(Conv2dBackwardData, Library)                  \
   X(Conv2dBackwardWeight, Library)                                                      \
   /* collectives: a kernel the executor starts and waits for (jit/collective.h) */      \
-  X(AllReduce, Library) X(Send, Library) X(Recv, Library)
+  X(AllReduce, Library) X(Send, Library) X(Recv, Library)                               \
+  /* int8: the matmul of a dynamically quantized Linear (nn/quantize.h) */              \
+  X(QuantizedMatmul, Library)
 
 enum class Op : uint8_t {
 #define KILN_OP_ENUM(name, kind) name,

@@ -19,10 +19,12 @@ enum class KernelKind : uint8_t {
   Matmul,       // library calls; no generated code
   Conv,
   Collective,   // started by the executor, waited for before its first reader (jit/collective.h)
+  QuantizedMatmul,  // oneDNN's int8 matmul (host only)
 };
 
 constexpr bool is_library(KernelKind k) {
-  return k == KernelKind::Matmul || k == KernelKind::Conv || k == KernelKind::Collective;
+  return k == KernelKind::Matmul || k == KernelKind::Conv || k == KernelKind::Collective ||
+         k == KernelKind::QuantizedMatmul;
 }
 
 // One SSA value of the per-element computation.
@@ -69,6 +71,13 @@ struct MatmulCall {
   int64_t batch = 0, M = 0, K = 0, N = 0;
 };
 
+// ((a - zero) @ b) * scales[n], every operand a contiguous buffer: a (M, K) uint8, b (K, N) int8,
+// zero one int32, scales N float32; the output (M, N) float32.
+struct QuantizedMatmulCall {
+  int a_buffer = -1, b_buffer = -1, zero_buffer = -1, scale_buffer = -1;  // kernel buffers
+  int64_t M = 0, K = 0, N = 0;
+};
+
 // Both operands are contiguous buffers in the layouts of ops/conv_geometry.h.
 struct ConvCall {
   ConvPass pass = ConvPass::Forward;
@@ -112,6 +121,7 @@ struct Kernel {
   int64_t scatter_stride = 0, scatter_extent = 0;
   int64_t out_numel = 0;
   MatmulCall matmul;
+  QuantizedMatmulCall quantized;
   ConvCall conv;
   CollectiveCall collective;
   std::string summary;                // one line for KILN_LOG, e.g. "Exp Mul Add [1024, 1024]"

@@ -431,6 +431,23 @@ Kernel build_collective(Lowerer& s, const Node* node, int slot) {
   return k;
 }
 
+Kernel build_quantized_matmul(Lowerer& s, const Node* node, int slot) {
+  Kernel k;
+  k.kind = KernelKind::QuantizedMatmul;
+  KernelBuilder(s, k).buffer(slot, node->dtype, true);
+  QuantizedMatmulCall& q = k.quantized;
+  q.a_buffer = contiguous_operand(s, k, node->inputs[0].get());
+  q.b_buffer = contiguous_operand(s, k, node->inputs[1].get());
+  q.zero_buffer = contiguous_operand(s, k, node->inputs[2].get());
+  q.scale_buffer = contiguous_operand(s, k, node->inputs[3].get());
+  q.M = node->shape[0];
+  q.K = node->inputs[0]->shape[1];
+  q.N = node->shape[1];
+  k.out_numel = node->numel();
+  k.summary = fmt::format("QuantizedMatmul int8 [{}, {}, {}]", q.M, q.K, q.N);
+  return k;
+}
+
 Kernel build_conv(Lowerer& s, const Node* node, int slot) {
   Kernel k;
   k.kind = KernelKind::Conv;
@@ -487,6 +504,10 @@ bool Lowerer::build_kernels() {
       case OpKind::Library: {
         if (node->op == Op::AllReduce || node->op == Op::Send || node->op == Op::Recv) {
           k = build_collective(*this, node, slot);
+          break;
+        }
+        if (node->op == Op::QuantizedMatmul) {
+          k = build_quantized_matmul(*this, node, slot);
           break;
         }
         if (node->op != Op::Matmul) {

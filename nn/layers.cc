@@ -1,6 +1,8 @@
 // The standard layers. See layers.h.
 #include "nn/layers.h"
 
+#include "nn/quantize.h"
+
 #include <cmath>
 
 #include <fmt/format.h>
@@ -29,6 +31,13 @@ Linear::Linear(const LinearOptions& o) : Module("Linear"), options_(o) {
 Tensor Linear::forward(const Tensor& x) {
   KILN_CHECK(x.dim() >= 1 && x.shape().back() == options_.in_features(), "Linear",
              "input {} does not end in in_features={}", shape_str(x.shape()), options_.in_features());
+  // After nn::quantize_dynamic the layer holds its int8 weight as buffers: the int8 path.
+  QuantizedWeight q;
+  for (const auto& [name, b] : named_buffers(false)) {
+    if (name == "weight_int8") q.values = b;
+    if (name == "weight_scale") q.scales = b;
+  }
+  if (q.values.defined()) return quantized_linear(x, q, bias);
   return linear(x, weight, bias);
 }
 

@@ -12,6 +12,7 @@
 #include "nn/loss.h"
 #include "nn/module.h"
 #include "nn/pooling.h"
+#include "nn/quantize.h"
 #include "core/options.h"
 #include "nn/sequential.h"
 #include "nn/serialize.h"

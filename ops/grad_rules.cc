@@ -214,6 +214,12 @@ Grads all_reduce_grad(const NodePtr& n, const Tensor& g) {
   return parts;
 }
 
+Grads quantized_matmul_grad(const NodePtr&, const Tensor&) {
+  KILN_FAIL("QuantizedLinear",
+            "int8 layers are for inference and have no gradient (rounding has none); run them under NoGradGuard, "
+            "or train the float model and quantize it afterwards (nn::quantize_dynamic)");
+}
+
 struct GradEntry {
   Op op;
   GradRule rule;
@@ -235,7 +241,7 @@ constexpr GradEntry kGradRules[] = {
     {Op::Gather, gather_grad}, {Op::ScatterAdd, scatter_add_grad},
     {Op::Matmul, matmul_grad}, {Op::Conv2d, conv2d_grad}, {Op::Conv2dBackwardData, conv2d_backward_data_grad},
     {Op::Conv2dBackwardWeight, conv2d_backward_weight_grad}, {Op::AllReduce, all_reduce_grad},
-    {Op::Send, no_grad_inputs}, {Op::Recv, no_grad_inputs},
+    {Op::Send, no_grad_inputs}, {Op::Recv, no_grad_inputs}, {Op::QuantizedMatmul, quantized_matmul_grad},
 };
 
 constexpr bool covers_every_op() {

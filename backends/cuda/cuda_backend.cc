@@ -108,6 +108,8 @@ std::unique_ptr<jit::CompiledKernels> CudaBackend::compile(const std::vector<jit
 }
 
 void CudaBackend::run_library(const jit::Kernel& k, void* const* ptrs, Device device) const {
+  // nn::QuantizedLinear records its int8 matmul on the host only; on a GPU it dequantizes.
+  KILN_CHECK(k.kind != jit::KernelKind::QuantizedMatmul, "QuantizedLinear", "the int8 matmul has no CUDA kernel here");
   const jit::LibraryOperands op = jit::library_operands(k, ptrs);
   if (k.kind == jit::KernelKind::Matmul) {
     const jit::MatmulCall& mm = k.matmul;

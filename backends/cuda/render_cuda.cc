@@ -476,7 +476,8 @@ std::vector<CudaLaunch> CudaKernelRenderer::render(std::string& out) {
     case KernelKind::Scatter: scatter(out, launches); break;
     case KernelKind::Matmul:
     case KernelKind::Conv:
-    case KernelKind::Collective: break;
+    case KernelKind::Collective:
+    case KernelKind::QuantizedMatmul: break;
   }
   return launches;
 }

@@ -1,0 +1,97 @@
+// Dynamic int8 quantization: per-channel weights, per-batch activations, oneDNN's int8 matmul.
+// See quantize.h.
+#include "nn/quantize.h"
+
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "ops/ops.h"
+#include "ops/primitive.h"
+
+namespace kiln::nn {
+
+namespace {
+
+// The smallest scale: an all-zero row or batch quantizes to zeros instead of dividing by zero.
+constexpr double kScaleFloor = std::numeric_limits<float>::min();
+
+Tensor round_half_up(const Tensor& t) { return floor(t + 0.5); }
+
+// NaN where t is NaN, else t: keeps a cast to an integer type defined.
+Tensor zero_nan(const Tensor& t) { return where(t == t, t, zeros_like(t)); }
+
+}  // namespace
+
+QuantizedWeight quantize_per_channel(const Tensor& weight) {
+  KILN_CHECK(weight.dim() == 2 && is_floating(weight.dtype()), "quantize_per_channel",
+             "needs a floating-point (out, in) weight, got {}", weight.str());
+  NoGradGuard no_grad;
+  const Tensor w = cast(weight.detach(), DType::Float32);
+  const Tensor scales = maximum(w.abs().max({1}, true) / 127.0, scalar_like(kScaleFloor, w));
+  const Tensor q = clamp(round_half_up(w / scales), -127, 127);
+  QuantizedWeight out;
+  out.values = cast(zero_nan(q).t(), DType::Int8).realize();  // (in, out): the matmul's B
+  out.scales = scales.reshape({weight.size(0)}).realize();
+  return out;
+}
+
+Tensor dequantize(const QuantizedWeight& w) {
+  return cast(w.values, DType::Float32).t() * w.scales.reshape({w.scales.numel(), 1});
+}
+
+Tensor quantized_linear(const Tensor& x, const QuantizedWeight& w, const Tensor& bias) {
+  const int64_t K = w.values.size(0), N = w.values.size(1);
+  KILN_CHECK(x.dim() >= 1 && x.shape().back() == K && is_floating(x.dtype()), "QuantizedLinear",
+             "input {} does not end in in_features={} (or is not floating point)", x.str(), K);
+  if (!x.device().is_cpu()) {  // no int8 kernel on the device yet: the float matmul of the dequantized weight
+    const Device d = x.device();
+    const Tensor bias_on = bias.defined() ? bias.to(d) : Tensor();
+    return linear(x, dequantize(QuantizedWeight{w.values.to(d), w.scales.to(d)}).cast(x.dtype()), bias_on);
+  }
+  Shape out_shape = x.shape();
+  out_shape.back() = N;
+  const Tensor x2 = cast(x, DType::Float32).reshape({x.numel() / K, K});
+  // The batch's range, widened to hold 0 (so that zero, and ReLU's zeros, are exact).
+  const Tensor lo = minimum(min(x2), scalar_like(0, x2)), hi = maximum(x2.max(), scalar_like(0, x2));
+  const Tensor scale = maximum((hi - lo) / 255.0, scalar_like(kScaleFloor, x2));
+  const Tensor zero = zero_nan(clamp(round_half_up(-lo / scale), 0, 255));
+  const Tensor q = cast(zero_nan(clamp(round_half_up(x2 / scale) + zero, 0, 255)), DType::UInt8);
+  // NaN (or an infinity) anywhere in x makes every output NaN instead of a silently wrong number.
+  const Tensor poison = (x2 - x2).sum();
+  Tensor y = prim::quantized_matmul(q, w.values, cast(zero.reshape({1}), DType::Int32), scale * w.scales) + poison;
+  if (bias.defined()) y = y + cast(bias, DType::Float32);
+  return cast(y.reshape(out_shape), x.dtype());
+}
+
+int64_t quantize_dynamic(Module& model, const QuantizeOptions& options) {
+  KILN_CHECK(options.bits_ == 8 || options.bits_ == 4, "quantize_dynamic", "bits must be 8 or 4, got {}", options.bits_);
+  KILN_CHECK(options.bits_ == 8, "quantize_dynamic", "4-bit (weight-only int4) quantization is not built yet; use bits(8)");
+  int64_t count = 0;
+  auto visit = [&](auto& self, Module m) -> void {
+    if (m.type_name() == "Linear") {
+      Tensor weight;
+      for (const auto& [name, p] : m.named_parameters(false))
+        if (name == "weight") weight = p;
+      const QuantizedWeight q = quantize_per_channel(weight);
+      bool had = false;
+      for (auto& [name, b] : m.named_buffers(false)) {
+        if (name == "weight_int8") b.assign(q.values), had = true;
+        if (name == "weight_scale") b.assign(q.scales);
+      }
+      if (!had) {
+        m.register_buffer("weight_int8", q.values);
+        m.register_buffer("weight_scale", q.scales);
+      }
+      ++count;
+    }
+    for (const auto& [name, child] : m.named_children()) self(self, child);
+  };
+  visit(visit, model);
+  if (count == 0) fmt::print(stderr, "[kiln] quantize_dynamic: {} has no nn::Linear; nothing was quantized\n", model.type_name());
+  return count;
+}
+
+}  // namespace kiln::nn

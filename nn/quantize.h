@@ -1,0 +1,48 @@
+// Dynamic int8 quantization of Linear layers for inference (PyTorch's quantize_dynamic): weights
+// int8, symmetric, one scale per output channel, quantized once; activations quantized per batch
+// (asymmetric uint8: the range of a batch after ReLU or of raw inputs is rarely centred on 0, and
+// uint8 with a zero point spends all 256 levels on it); int32 accumulation in oneDNN's int8
+// matmul (AVX-512 VNNI / AMX on CPUs that have them); the float scales applied to its output.
+//
+//   nn::quantize_dynamic(model);                 // every nn::Linear inside model
+//   NoGradGuard no_grad;
+//   Tensor logits = model.forward(x);            // int8 matmuls
+//
+// Under a device (CUDA) the layer dequantizes its int8 weight and runs the float matmul (no int8
+// kernel there yet). Asking for a gradient through a quantized layer is an Error.
+#pragma once
+#include <cstdint>
+
+#include "nn/module.h"
+
+namespace kiln::nn {
+
+struct QuantizeOptions {
+  // Weight width: 8 (int8 weights and activations). 4 (weight-only int4) is not built yet.
+  QuantizeOptions& bits(int b) {
+    bits_ = b;
+    return *this;
+  }
+  int bits_ = 8;
+};
+
+// A weight (out, in) quantized per output channel: values (in, out) int8 in [-127, 127] (laid out
+// for the matmul, the transpose of the weight) and scales (out) float32, with
+// weight[o][i] ~= values[i][o] * scales[o], each within scales[o] / 2.
+struct QuantizedWeight {
+  Tensor values;  // (in, out) int8
+  Tensor scales;  // (out) float32
+};
+QuantizedWeight quantize_per_channel(const Tensor& weight);
+Tensor dequantize(const QuantizedWeight& w);  // (out, in) float32
+
+// x (..., in) float32 through the int8 path: each call quantizes x with its own range.
+Tensor quantized_linear(const Tensor& x, const QuantizedWeight& w, const Tensor& bias = {});
+
+// Quantizes every nn::Linear in `model` (itself included): each keeps its float weight and gains
+// buffers "weight_int8" and "weight_scale" (saved with the model), and its forward takes the int8
+// path from then on. Returns how many layers it quantized; prints a warning line when none.
+// Throws kiln::Error for a width other than 8.
+int64_t quantize_dynamic(Module& model, const QuantizeOptions& options = {});
+
+}  // namespace kiln::nn

@@ -1,0 +1,120 @@
+// Dynamic int8 quantization: per-channel weights within half a step, the int8 Linear within
+// 35 dB of the float one, zeros and NaN handled, no gradient, quantize_dynamic on a model.
+#include <catch2/catch.hpp>
+#include <kiln/kiln.h>
+
+#include <cmath>
+#include <filesystem>
+#include <unistd.h>
+
+using namespace kiln;
+
+namespace {
+
+// Signal-to-quantization-noise ratio of `got` against `want`, in dB.
+double sqnr_db(const Tensor& want, const Tensor& got) {
+  std::vector<double> w = want.to_doubles(), g = got.to_doubles();
+  double signal = 0, noise = 0;
+  for (size_t i = 0; i < w.size(); ++i) signal += w[i] * w[i], noise += (w[i] - g[i]) * (w[i] - g[i]);
+  return 10 * std::log10(signal / std::max(noise, 1e-300));
+}
+
+struct Mlp : nn::Module {
+  Mlp() : Module("Mlp") {}
+  nn::Linear fc1 = register_module("fc1", nn::Linear(64, 128));
+  nn::Linear fc2 = register_module("fc2", nn::Linear(128, 10));
+  Tensor forward(const Tensor& x) override { return fc2.forward(relu(fc1.forward(x))); }
+};
+
+}  // namespace
+
+TEST_CASE("per-channel int8 weights are within half a step of the float weight", "[quantize]") {
+  manual_seed(1);
+  Tensor w = randn({24, 40}) * 0.3;
+  w = concat({w, zeros({1, 40})}, 0).realize();  // an all-zero row: scale floor, no division by zero
+  nn::QuantizedWeight q = nn::quantize_per_channel(w);
+  REQUIRE(q.values.dtype() == DType::Int8);
+  REQUIRE(q.values.shape() == Shape{40, 25});
+  std::vector<double> want = w.to_doubles(), got = nn::dequantize(q).to_doubles(), scales = q.scales.to_doubles();
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double step = scales[i / 40];
+    CHECK(std::abs(got[i] - want[i]) <= step / 2 * (1 + 1e-6));
+  }
+  for (int64_t i = 24 * 40; i < 25 * 40; ++i) CHECK(got[static_cast<size_t>(i)] == 0.0);
+  for (int8_t v : q.values.to_vector<int8_t>()) CHECK((v >= -127 && v <= 127));
+}
+
+TEST_CASE("an int8 Linear is within 35 dB of the float one, and its kernel is oneDNN's int8 matmul", "[quantize]") {
+  manual_seed(2);
+  nn::Linear fc(256, 96);
+  NoGradGuard no_grad;
+  for (bool after_relu : {false, true}) {
+    Tensor x = randn({32, 256});
+    if (after_relu) x = relu(x);
+    x.realize();
+    Tensor want = fc.forward(x).realize();
+    Tensor got = nn::quantized_linear(x, nn::quantize_per_channel(fc.weight), fc.bias).realize();
+    INFO("after ReLU: " << after_relu);
+    CHECK(sqnr_db(want, got) >= 35.0);
+    bool int8 = false;
+    for (const std::string& k : memory::last_plan()->kernels) int8 |= k.find("QuantizedMatmul int8") != std::string::npos;
+    CHECK(int8);
+  }
+  // Inputs of any rank and of float64 come back in their own shape and dtype.
+  Tensor x3 = randn({2, 3, 256}, DType::Float64);
+  Tensor y3 = nn::quantized_linear(x3, nn::quantize_per_channel(fc.weight), fc.bias);
+  CHECK(y3.shape() == Shape{2, 3, 96});
+  CHECK(y3.dtype() == DType::Float64);
+}
+
+TEST_CASE("an int8 Linear maps zero input to its bias and NaN input to NaN", "[quantize]") {
+  manual_seed(3);
+  nn::Linear fc(16, 8);
+  NoGradGuard no_grad;
+  nn::QuantizedWeight q = nn::quantize_per_channel(fc.weight);
+  std::vector<float> y = nn::quantized_linear(zeros({4, 16}), q, fc.bias).to_vector<float>();
+  std::vector<float> b = fc.bias.to_vector<float>();
+  for (size_t i = 0; i < y.size(); ++i) CHECK(y[i] == b[i % 8]);  // no division by a zero range
+  Tensor x = randn({4, 16});
+  std::vector<float> poisoned = x.to_vector<float>();
+  poisoned[5] = std::nanf("");
+  for (float v : nn::quantized_linear(from_vector<float>(poisoned, {4, 16}), q, fc.bias).to_vector<float>())
+    CHECK(std::isnan(v));
+}
+
+TEST_CASE("a gradient through an int8 Linear is an Error that says why", "[quantize]") {
+  nn::Linear fc(8, 4);
+  Tensor x = randn({2, 8}).requires_grad_();
+  Tensor y = nn::quantized_linear(x, nn::quantize_per_channel(fc.weight));
+  CHECK_THROWS_WITH(y.sum().backward(), Catch::Contains("no gradient") && Catch::Contains("NoGradGuard"));
+}
+
+TEST_CASE("quantize_dynamic turns every Linear of a model int8 and keeps its outputs", "[quantize]") {
+  manual_seed(4);
+  Mlp model;
+  Tensor x = randn({16, 64}).realize();
+  NoGradGuard no_grad;
+  Tensor want = model.forward(x).realize();
+  CHECK(nn::quantize_dynamic(model) == 2);
+  Tensor got = model.forward(x).realize();
+  CHECK(sqnr_db(want, got) >= 30.0);  // two layers' noise
+  int int8 = 0;
+  for (const std::string& k : memory::last_plan()->kernels) int8 += k.find("QuantizedMatmul int8") != std::string::npos;
+  CHECK(int8 == 2);
+  // The int8 weights are part of the model's state: saved, and loaded back into a quantized model;
+  // a float model has no place for them.
+  const std::string path = (std::filesystem::temp_directory_path() / fmt::format("kiln_q_{}.safetensors", ::getpid())).string();
+  nn::save(model, path);
+  manual_seed(99);
+  Mlp other;
+  nn::quantize_dynamic(other);
+  nn::load(other, path);
+  CHECK(other.forward(x).to_vector<float>() == got.to_vector<float>());
+  Mlp plain;
+  CHECK_THROWS_WITH(nn::load(plain, path), Catch::Contains("weight_int8"));
+  std::filesystem::remove(path);
+  CHECK_THROWS_WITH(nn::quantize_dynamic(model, nn::QuantizeOptions().bits(3)), Catch::Contains("bits must be 8 or 4, got 3"));
+  CHECK_THROWS_WITH(nn::quantize_dynamic(model, nn::QuantizeOptions().bits(4)), Catch::Contains("not built yet"));
+  nn::Sequential no_linear{nn::ReLU()};
+  CHECK(nn::quantize_dynamic(no_linear) == 0);
+}

@@ -71,10 +71,10 @@ struct MatmulCall {
   int64_t batch = 0, M = 0, K = 0, N = 0;
 };
 
-// ((a - zero) @ b) * scales[n], every operand a contiguous buffer: a (M, K) uint8, b (K, N) int8,
-// zero one int32, scales N float32; the output (M, N) float32.
+// a @ b summed in int32, both contiguous buffers: a (M, K) int8, b (K, N) int8; the output (M, N)
+// float32.
 struct QuantizedMatmulCall {
-  int a_buffer = -1, b_buffer = -1, zero_buffer = -1, scale_buffer = -1;  // kernel buffers
+  int a_buffer = -1, b_buffer = -1;  // kernel buffers
   int64_t M = 0, K = 0, N = 0;
 };
 

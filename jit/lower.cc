@@ -438,8 +438,6 @@ Kernel build_quantized_matmul(Lowerer& s, const Node* node, int slot) {
   QuantizedMatmulCall& q = k.quantized;
   q.a_buffer = contiguous_operand(s, k, node->inputs[0].get());
   q.b_buffer = contiguous_operand(s, k, node->inputs[1].get());
-  q.zero_buffer = contiguous_operand(s, k, node->inputs[2].get());
-  q.scale_buffer = contiguous_operand(s, k, node->inputs[3].get());
   q.M = node->shape[0];
   q.K = node->inputs[0]->shape[1];
   q.N = node->shape[1];

@@ -49,19 +49,19 @@ Tensor quantized_linear(const Tensor& x, const QuantizedWeight& w, const Tensor&
   if (!x.device().is_cpu()) {  // no int8 kernel on the device yet: the float matmul of the dequantized weight
     const Device d = x.device();
     const Tensor bias_on = bias.defined() ? bias.to(d) : Tensor();
-    return linear(x, dequantize(QuantizedWeight{w.values.to(d), w.scales.to(d)}).cast(x.dtype()), bias_on);
+    const Tensor poison = (x - x).sum();  // NaN in, NaN out everywhere, as on the host
+    return linear(x, dequantize(QuantizedWeight{w.values.to(d), w.scales.to(d)}).cast(x.dtype()), bias_on) + poison;
   }
   Shape out_shape = x.shape();
   out_shape.back() = N;
   const Tensor x2 = cast(x, DType::Float32).reshape({x.numel() / K, K});
-  // The batch's range, widened to hold 0 (so that zero, and ReLU's zeros, are exact).
-  const Tensor lo = minimum(min(x2), scalar_like(0, x2)), hi = maximum(x2.max(), scalar_like(0, x2));
-  const Tensor scale = maximum((hi - lo) / 255.0, scalar_like(kScaleFloor, x2));
-  const Tensor zero = zero_nan(clamp(round_half_up(-lo / scale), 0, 255));
-  const Tensor q = cast(zero_nan(clamp(round_half_up(x2 / scale) + zero, 0, 255)), DType::UInt8);
+  // Symmetric int8, one scale per call: the largest magnitude maps to 127.
+  const Tensor scale = maximum(max(x2.abs()) / 127.0, scalar_like(kScaleFloor, x2));
+  const Tensor q = cast(zero_nan(clamp(round_half_up(x2 / scale), -127, 127)), DType::Int8);
   // NaN (or an infinity) anywhere in x makes every output NaN instead of a silently wrong number.
   const Tensor poison = (x2 - x2).sum();
-  Tensor y = prim::quantized_matmul(q, w.values, cast(zero.reshape({1}), DType::Int32), scale * w.scales) + poison;
+  // The scales, the NaN guard and the bias fuse into one kernel after the int8 matmul.
+  Tensor y = prim::quantized_matmul(q, w.values) * (scale * w.scales) + poison;
   if (bias.defined()) y = y + cast(bias, DType::Float32);
   return cast(y.reshape(out_shape), x.dtype());
 }

@@ -262,14 +262,12 @@ Tensor all_reduce(const std::vector<Tensor>& parts, int64_t op, int64_t world, i
   return make(Op::AllReduce, parts[0].dtype(), {total}, parts, {op, world, 0, group});
 }
 
-Tensor quantized_matmul(const Tensor& a, const Tensor& b, const Tensor& zero_point, const Tensor& scales) {
-  KILN_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0) && a.dtype() == DType::UInt8 &&
-                 b.dtype() == DType::Int8 && zero_point.numel() == 1 && zero_point.dtype() == DType::Int32 &&
-                 scales.dim() == 1 && scales.size(0) == b.size(1) && scales.dtype() == DType::Float32,
-             "quantized_matmul", "needs uint8 (M, K) @ int8 (K, N) with one int32 zero point and N float32 scales; got "
-             "{} @ {}, zero point {}, scales {}", a.str(), b.str(), zero_point.str(), scales.str());
+Tensor quantized_matmul(const Tensor& a, const Tensor& b) {
+  KILN_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0) && a.dtype() == DType::Int8 &&
+                 b.dtype() == DType::Int8,
+             "quantized_matmul", "needs int8 (M, K) @ int8 (K, N); got {} @ {}", a.str(), b.str());
   KILN_CHECK(a.device().is_cpu(), "quantized_matmul", "the int8 matmul runs on the host; got {}", a.str());
-  return make(Op::QuantizedMatmul, DType::Float32, {a.size(0), b.size(1)}, {a, b, zero_point, scales});
+  return make(Op::QuantizedMatmul, DType::Float32, {a.size(0), b.size(1)}, {a, b});
 }
 
 namespace {

@@ -63,9 +63,9 @@ Tensor all_reduce(const std::vector<Tensor>& parts, int64_t op, int64_t world, i
 Tensor send(const Tensor& x, int64_t to, int64_t tag);
 Tensor recv(const Shape& shape, DType dtype, int64_t from, int64_t tag, Device device = Device::cpu());
 
-// ((a - zero_point) @ b) * scales[n] in int32 then float32: a (M, K) uint8, b (K, N) int8,
-// zero_point one int32, scales N float32 -> (M, N) float32. Host only; no gradient (an Error).
-Tensor quantized_matmul(const Tensor& a, const Tensor& b, const Tensor& zero_point, const Tensor& scales);
+// a @ b summed in int32, as float32: a (M, K) int8, b (K, N) int8 -> (M, N). Host only; no
+// gradient (an Error).
+Tensor quantized_matmul(const Tensor& a, const Tensor& b);
 
 // 2-D convolution and its two adjoints over contiguous NCHW data, weight (OC, C / groups, KH, KW).
 // conv = {stride h, w, padding h, w, dilation h, w, groups}; shapes are checked by the caller

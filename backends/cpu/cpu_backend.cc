@@ -63,9 +63,8 @@ void run_onednn(const jit::Kernel& k, void* const* ptrs) {
   if (k.kind == jit::KernelKind::QuantizedMatmul) {
     const jit::QuantizedMatmulCall& q = k.quantized;
     auto at = [&](int buffer) { return ptrs[k.buffers[static_cast<size_t>(buffer)].slot]; };
-    onednn_quantized_matmul(at(q.a_buffer), at(q.b_buffer), static_cast<const int32_t*>(at(q.zero_buffer)),
-                            static_cast<const float*>(at(q.scale_buffer)), static_cast<float*>(ptrs[k.buffers[0].slot]),
-                            q.M, q.K, q.N);
+    onednn_quantized_matmul(at(q.a_buffer), at(q.b_buffer), static_cast<float*>(ptrs[k.buffers[0].slot]), q.M, q.K,
+                            q.N);
     return;
   }
   const jit::LibraryOperands op = jit::library_operands(k, ptrs);

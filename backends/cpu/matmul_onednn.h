@@ -33,12 +33,10 @@ void onednn_matmul(DType t, const void* a, const int64_t a_strides[3], const voi
 
 namespace kiln::cpu {
 
-// C = ((A - zero_point) @ B) * scales[n]: the int8 matmul of a dynamically quantized Linear.
-//   a: (M, K) uint8, contiguous; b: (K, N) int8, contiguous (the weight, transposed once)
-//   zero_point: one int32 (A's); scales: N float32 (A's scale times each column's); c: (M, N) float32
-// int32 accumulation (AVX-512 VNNI / AMX where the CPU has them). Throws kiln::Error on failure.
-void onednn_quantized_matmul(const void* a, const void* b, const int32_t* zero_point, const float* scales, float* c,
-                             int64_t M, int64_t K, int64_t N);
+// C = A @ B summed in int32, as float32: the int8 matmul of a dynamically quantized Linear.
+//   a: (M, K) int8, contiguous; b: (K, N) int8, contiguous (the weight, transposed once); c: (M, N)
+// AVX-512 VNNI or AMX where the CPU has them. Throws kiln::Error on failure.
+void onednn_quantized_matmul(const void* a, const void* b, float* c, int64_t M, int64_t K, int64_t N);
 // The oneDNN implementation that runs (M, K) x (K, N) int8 here, e.g. "brg:avx512_core_vnni".
 std::string onednn_quantized_matmul_impl(int64_t M, int64_t K, int64_t N);
 

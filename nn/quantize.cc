@@ -46,6 +46,11 @@ Tensor quantized_linear(const Tensor& x, const QuantizedWeight& w, const Tensor&
   const int64_t K = w.values.size(0), N = w.values.size(1);
   KILN_CHECK(x.dim() >= 1 && x.shape().back() == K && is_floating(x.dtype()), "QuantizedLinear",
              "input {} does not end in in_features={} (or is not floating point)", x.str(), K);
+  // Fails here rather than in the backward: rounding has no gradient, on the host or a device.
+  KILN_CHECK(!grad_enabled() || !x.requires_grad(), "QuantizedLinear",
+             "int8 layers are for inference and have no gradient (rounding has none), but input {} requires one; run "
+             "them under NoGradGuard, or train the float model and quantize it afterwards (nn::quantize_dynamic)",
+             x.str());
   if (!x.device().is_cpu()) {  // no int8 kernel on the device yet: the float matmul of the dequantized weight
     const Device d = x.device();
     const Tensor bias_on = bias.defined() ? bias.to(d) : Tensor();

@@ -51,7 +51,8 @@ Tensor input(uint64_t seed) {
 
 // The output, the input's gradient and every parameter's (this rank's block of the dense one's)
 // for one input on `device`, the loss sum(y^2) the same on every rank.
-void check_against_dense(DenseMlp& dense, ParallelMlp& parallel, Device device) {
+void check_against_dense(DenseMlp& dense, ParallelMlp& parallel) {
+  const Device device = dense.fc1.weight.device();  // KILN_USE_CUDA=1 makes the models on cuda:0
   Tensor x1 = input(5).to(device).requires_grad_(), x2 = input(5).to(device).requires_grad_();
   Tensor want = dense.forward(x1), got = parallel.forward(x2);
   check_close(got.to_doubles(), want.to_doubles(), "output");
@@ -77,7 +78,7 @@ TEST_CASE("a tensor-parallel MLP computes the dense MLP's output and gradients",
   check_close(parallel.fc1.weight.to_doubles(), block(dense.fc1.weight, 0), "fc1.weight");
   check_close(parallel.fc2.weight.to_doubles(), block(dense.fc2.weight, 1), "fc2.weight");
 
-  check_against_dense(dense, parallel, Device::cpu());
+  check_against_dense(dense, parallel);
 }
 
 TEST_CASE("a tensor-parallel MLP trains like the dense one for 10 steps", "[tensor_parallel][distributed]") {
@@ -203,5 +204,5 @@ TEST_CASE("a tensor-parallel MLP on a CUDA device computes the dense MLP's outpu
   ParallelMlp parallel;
   dense.to(gpu);
   parallel.to(gpu);
-  check_against_dense(dense, parallel, gpu);
+  check_against_dense(dense, parallel);
 }

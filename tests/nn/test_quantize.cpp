@@ -58,7 +58,7 @@ TEST_CASE("an int8 Linear is within 35 dB of the float one, and its kernel is on
     CHECK(sqnr_db(want, got) >= 35.0);
     bool int8 = false;
     for (const std::string& k : memory::last_plan()->kernels) int8 |= k.find("QuantizedMatmul int8") != std::string::npos;
-    CHECK(int8);
+    CHECK(int8 == x.device().is_cpu());  // on a device (KILN_USE_CUDA=1): the dequantized float matmul
   }
   // Inputs of any rank and of float64 come back in their own shape and dtype.
   Tensor x3 = randn({2, 3, 256}, DType::Float64);
@@ -85,8 +85,8 @@ TEST_CASE("an int8 Linear maps zero input to its bias and NaN input to NaN", "[q
 TEST_CASE("a gradient through an int8 Linear is an Error that says why", "[quantize]") {
   nn::Linear fc(8, 4);
   Tensor x = randn({2, 8}).requires_grad_();
-  Tensor y = nn::quantized_linear(x, nn::quantize_per_channel(fc.weight));
-  CHECK_THROWS_WITH(y.sum().backward(), Catch::Contains("no gradient") && Catch::Contains("NoGradGuard"));
+  const nn::QuantizedWeight q = nn::quantize_per_channel(fc.weight);
+  CHECK_THROWS_WITH(nn::quantized_linear(x, q), Catch::Contains("no gradient") && Catch::Contains("NoGradGuard"));
 }
 
 TEST_CASE("quantize_dynamic turns every Linear of a model int8 and keeps its outputs", "[quantize]") {
@@ -100,7 +100,7 @@ TEST_CASE("quantize_dynamic turns every Linear of a model int8 and keeps its out
   CHECK(sqnr_db(want, got) >= 30.0);  // two layers' noise
   int int8 = 0;
   for (const std::string& k : memory::last_plan()->kernels) int8 += k.find("QuantizedMatmul int8") != std::string::npos;
-  CHECK(int8 == 2);
+  CHECK(int8 == (x.device().is_cpu() ? 2 : 0));
   // The int8 weights are part of the model's state: saved, and loaded back into a quantized model;
   // a float model has no place for them.
   const std::string path = (std::filesystem::temp_directory_path() / fmt::format("kiln_q_{}.safetensors", ::getpid())).string();

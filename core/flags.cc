@@ -70,8 +70,8 @@ std::string show(AmpMode v) { return v == AmpMode::None ? "none" : v == AmpMode:
 void validate(const Flags& f) {
   if (f.log < 0 || f.log > 3) bad_value("log", std::to_string(f.log), "0..3");
   if (f.num_threads < 0) bad_value("num_threads", std::to_string(f.num_threads), "a count >= 0");
-  if (f.quantize_bits < 2 || f.quantize_bits > 8)
-    bad_value("quantize_bits", std::to_string(f.quantize_bits), "2..8");
+  if (f.quantize_bits != 8 && f.quantize_bits != 4)
+    bad_value("quantize_bits", std::to_string(f.quantize_bits), "8 or 4");
   if (!f.memory_limit.empty()) parse_size(f.memory_limit, "memory_limit");
   // Positive and finite; buckets under a byte would mean one all-reduce per element.
   if (!(f.bucket_mb * 1048576.0 >= 1.0) || !std::isfinite(f.bucket_mb))
@@ -136,9 +136,8 @@ Flags Flags::from_environment() { return read_environment(); }
 
 void Flags::check_built() const {
   static const Flags defaults;  // runs at every sync: built once
-  if (quantize != defaults.quantize) not_built("quantize", show(quantize), show(defaults.quantize), "quantization");
-  if (quantize_bits != defaults.quantize_bits)
-    not_built("quantize_bits", show(quantize_bits), show(defaults.quantize_bits), "quantization");
+  if (quantize_bits == 4)
+    not_built("quantize_bits", show(quantize_bits), show(defaults.quantize_bits), "weight-only int4 quantization");
 }
 
 Flags& flags() {

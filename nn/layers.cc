@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/autograd.h"
+#include "core/flags.h"
 #include "core/shape.h"
 #include "nn/init.h"
 #include "ops/autocast.h"
@@ -38,6 +39,15 @@ Tensor Linear::forward(const Tensor& x) {
     if (name == "weight_scale") q.scales = b;
   }
   if (q.values.defined()) return quantized_linear(x, q, bias);
+  // KILN_QUANTIZE=1: without gradients (NoGradGuard, or nothing requires one), the int8 path,
+  // the weight quantized once per value it takes.
+  if (flags().quantize && !(grad_enabled() && (x.requires_grad() || weight.requires_grad()))) {
+    if (quantized_->of.lock() != weight.node()) {
+      const QuantizedWeight fresh = quantize_per_channel(weight);
+      *quantized_ = {weight.node(), fresh.values, fresh.scales};
+    }
+    return quantized_linear(x, QuantizedWeight{quantized_->values, quantized_->scales}, bias);
+  }
   return linear(x, weight, bias);
 }
 

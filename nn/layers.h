@@ -41,6 +41,13 @@ class Linear : public Module {
 
  private:
   LinearOptions options_;
+  // KILN_QUANTIZE: the int8 weight, quantized from the weight's value `of` (a new value after an
+  // optimizer step is another node, so the cache misses). Shared by copies of the layer.
+  struct QuantizedCache {
+    std::weak_ptr<Node> of;
+    Tensor values, scales;
+  };
+  std::shared_ptr<QuantizedCache> quantized_ = std::make_shared<QuantizedCache>();
 };
 
 // Zeroes each element with probability p and scales the rest by 1/(1-p) while training;

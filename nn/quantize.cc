@@ -33,8 +33,9 @@ QuantizedWeight quantize_per_channel(const Tensor& weight) {
   const Tensor scales = maximum(w.abs().max({1}, true) / 127.0, scalar_like(kScaleFloor, w));
   const Tensor q = clamp(round_half_up(w / scales), -127, 127);
   QuantizedWeight out;
-  out.values = cast(zero_nan(q).t(), DType::Int8).realize();  // (in, out): the matmul's B
-  out.scales = scales.reshape({weight.size(0)}).realize();
+  out.values = cast(zero_nan(q).t(), DType::Int8);  // (in, out): the matmul's B
+  out.scales = scales.reshape({weight.size(0)});
+  sync({out.values, out.scales});  // one plan
   return out;
 }
 

@@ -118,3 +118,48 @@ TEST_CASE("quantize_dynamic turns every Linear of a model int8 and keeps its out
   nn::Sequential no_linear{nn::ReLU()};
   CHECK(nn::quantize_dynamic(no_linear) == 0);
 }
+
+TEST_CASE("KILN_QUANTIZE runs every Linear int8 without gradients, requantizing after an update", "[quantize]") {
+  manual_seed(5);
+  Mlp model;
+  optim::SGD opt(model.parameters(), optim::SGDOptions(0.1));
+  Tensor x = randn({8, 64}).realize();
+  FlagsGuard guard;
+  flags().quantize = true;
+  auto int8_kernels = [] {
+    int n = 0;
+    for (const std::string& k : memory::last_plan()->kernels) n += k.find("QuantizedMatmul int8") != std::string::npos;
+    return n;
+  };
+  auto plans_run = [] { return jit::stats().plans_built + jit::stats().plan_cache_hits; };
+  Tensor want;
+  {
+    NoGradGuard no_grad;
+    Tensor got = model.forward(x).realize();
+    CHECK(int8_kernels() == (x.device().is_cpu() ? 2 : 0));
+    FlagsGuard off;
+    flags().quantize = false;
+    want = model.forward(x).realize();
+    CHECK(sqnr_db(want, got) >= 30.0);
+  }
+  {
+    NoGradGuard no_grad;
+    const int64_t before = plans_run();
+    model.forward(x).realize();
+    CHECK(plans_run() - before == 1);  // the int8 weights are cached: only the forward runs
+  }
+  // With gradients the layers stay float: training is unchanged.
+  Tensor loss = model.forward(x).sum();
+  loss.realize();
+  CHECK(int8_kernels() == 0);
+  opt.step(model.forward(x).pow(2.0).mean());
+  {
+    NoGradGuard no_grad;
+    const int64_t before = plans_run();
+    Tensor got = model.forward(x).realize();
+    CHECK(plans_run() - before == 3);  // both weights quantized again, then the forward
+    FlagsGuard off;
+    flags().quantize = false;
+    CHECK(sqnr_db(model.forward(x), got) >= 30.0);
+  }
+}

@@ -42,6 +42,10 @@
 // writes one file per rank (mlp.safetensors -> mlp.tp0.safetensors, ...).
 //   mpirun -np 2 ./build/samples/train_mnist --tensor-parallel 2
 //
+// --quantize 8, after training (or with --load and --max-steps 0), evaluates the model in float32
+// and with every Linear int8 (nn::quantize_dynamic) and prints accuracy, bytes and inference speed:
+//   ./build/samples/train_mnist --load mlp.safetensors --max-steps 0 --quantize 8
+//
 // --trace FILE writes steps 3 to 5 as a Chrome trace (ui.perfetto.dev): kernels by row (a
 // pipeline stage's forward, backward, update; messages and the waits for them), memory counters.
 //
@@ -58,6 +62,7 @@
 #include <filesystem>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <fstream>
 #include <iostream>
 
@@ -133,6 +138,42 @@ static double evaluate(nn::Module& model, const data::Dataset& test, kiln::Devic
   return 100.0 * static_cast<double>(correct) / static_cast<double>(test.size());
 }
 
+// --quantize 8: the trained model's test accuracy, bytes and inference speed in float32, then
+// with every Linear int8 (nn::quantize_dynamic), both measured here on the whole test set.
+static void compare_quantized(nn::Module& model, const data::Dataset& test, kiln::Device device, int bits) {
+  auto timed = [&] {
+    evaluate(model, test, device);  // warm-up: compiles the plans
+    auto start = std::chrono::steady_clock::now();
+    const double accuracy = evaluate(model, test, device);
+    return std::make_pair(accuracy, static_cast<double>(test.size()) /
+                                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  };
+  const auto [float_accuracy, float_rate] = timed();
+  const int64_t layers = nn::quantize_dynamic(model, nn::QuantizeOptions().bits(bits));
+  // The quantized model's bytes: each quantized weight counts as its int8 values and scales; the
+  // rest (biases, convolutions) stays float32.
+  auto bytes_of = [](const Tensor& t) { return t.numel() * static_cast<int64_t>(kiln::dtype_size(t.dtype())); };
+  std::set<std::string> quantized;
+  int64_t float_bytes = 0, quantized_bytes = 0;
+  for (const auto& [name, b] : model.named_buffers())
+    if (name.ends_with(".weight_int8") || name.ends_with(".weight_scale")) {
+      quantized.insert(name.substr(0, name.rfind('.')) + ".weight");
+      quantized_bytes += bytes_of(b);
+    }
+  for (const auto& [name, p] : model.named_parameters()) {
+    float_bytes += bytes_of(p);
+    if (!quantized.count(name)) quantized_bytes += bytes_of(p);
+  }
+  const auto [int8_accuracy, int8_rate] = timed();
+  fmt::print("float32: test accuracy {:.2f}%, {} of weights and biases, {:.0f} examples/s (inference)\n", float_accuracy,
+             kiln::memory::format_bytes(float_bytes), float_rate);
+  fmt::print("int{} ({} Linear layers): test accuracy {:.2f}% ({:+.2f} points), {} ({:.1f}x smaller), {:.0f} examples/s "
+             "({:.2f}x)\n",
+             bits, layers, int8_accuracy, int8_accuracy - float_accuracy, kiln::memory::format_bytes(quantized_bytes),
+             static_cast<double>(float_bytes) / static_cast<double>(std::max<int64_t>(quantized_bytes, 1)), int8_rate,
+             int8_rate / float_rate);
+}
+
 // One line, rewritten in place: [#####.....] step 120/468  loss 0.4312  acc 84.1%  9870 ex/s  mem 12.0 MiB
 static void progress(int epoch, int64_t step, int64_t steps, double loss, double accuracy, double rate) {
   constexpr int kWidth = 24;
@@ -159,6 +200,7 @@ struct Settings {
   std::string schedule = "1f1b";
   int64_t tensor_parallel = 0;
   std::string trace_path;
+  int quantize = 0;
 };
 
 // --amp: the type autocast runs matmuls and convolutions in (float32 when "none").
@@ -185,7 +227,7 @@ static void print_saved(nn::Module& model, const Tensor& x, const Tensor& labels
 static void fit(const Settings& settings, const data::Dataset& train_set, const data::Dataset& test) {
   const auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir,
                amp, seed, data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule, tensor_parallel,
-               trace_path] = settings;
+               trace_path, quantize] = settings;
   const kiln::Device run_on = device == "cuda" ? kiln::Device::cuda(0) : kiln::Device::cpu();
   namespace dist = kiln::distributed;
   const bool lead = dist::rank() == 0;  // the rank that prints and saves
@@ -301,6 +343,7 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
     fmt::print("rank {}: saved {} and {}\n", dist::rank(), path, optimizer_path(path));
   }
   if (!lead) return;
+  if (global_step == 0) accuracy = evaluate(model, test, run_on);  // --max-steps 0: the model as loaded
   fmt::print("test accuracy: {:.2f}%\n", accuracy);
   // Every process trains as fast as rank 0 (each step waits for all of them).
   const int64_t processes = data_parallel ? dist::world_size() : 1;
@@ -312,6 +355,7 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
     kiln::optim::save(optimizer, optimizer_path(save_path));
     fmt::print("saved {} and {}\n", save_path, optimizer_path(save_path));
   }
+  if (quantize > 0) compare_quantized(model, test, run_on, quantize);  // after saving: the file stays float32
 }
 
 // --pipeline: every rank reads the same batches; stage s holds only its layers and their
@@ -424,7 +468,8 @@ int main(int argc, char** argv) {
   CLI::App app{"Train an MLP or a CNN on Fashion-MNIST with kiln"};
   Settings s;
   auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir, amp, seed,
-         data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule, tensor_parallel, trace_path] = s;
+         data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule, tensor_parallel, trace_path,
+         quantize] = s;
   app.add_option("--epochs", epochs, "passes over the training set")->check(CLI::PositiveNumber);
   app.add_option("--max-steps", max_steps, "stop after this many steps in all (-1: no limit)");
   app.add_option("--batch", batch_size, "examples per step")->check(CLI::PositiveNumber);
@@ -452,6 +497,10 @@ int main(int argc, char** argv) {
   app.add_option("--tensor-parallel", tensor_parallel,
                  "split the MLP's two large layers over this many processes (mpirun -np N)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--quantize", quantize,
+                 "after training, compare the model in float32 and with every Linear int8: accuracy, bytes, speed "
+                 "(8; weight-only int4 is not built yet)")
+      ->check(CLI::IsMember({8}));
   app.add_option("--trace", trace_path,
                  "write steps 3 to 5 as a Chrome trace (one file per process under mpirun: FILE.rankN.json)");
   CLI11_PARSE(app, argc, argv);

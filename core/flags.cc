@@ -72,6 +72,8 @@ void validate(const Flags& f) {
   if (f.num_threads < 0) bad_value("num_threads", std::to_string(f.num_threads), "a count >= 0");
   if (f.quantize_bits != 8 && f.quantize_bits != 4)
     bad_value("quantize_bits", std::to_string(f.quantize_bits), "8 or 4");
+  if (!f.compress_activations.empty() && f.compress_activations != "int8")
+    bad_value("compress_activations", f.compress_activations, "int8 (or unset)");
   if (!f.memory_limit.empty()) parse_size(f.memory_limit, "memory_limit");
   // Positive and finite; buckets under a byte would mean one all-reduce per element.
   if (!(f.bucket_mb * 1048576.0 >= 1.0) || !std::isfinite(f.bucket_mb))
@@ -136,8 +138,9 @@ Flags Flags::from_environment() { return read_environment(); }
 
 void Flags::check_built() const {
   static const Flags defaults;  // runs at every sync: built once
-  if (quantize_bits == 4)
-    not_built("quantize_bits", show(quantize_bits), show(defaults.quantize_bits), "weight-only int4 quantization");
+  if (compress_activations != defaults.compress_activations)
+    not_built("compress_activations", show(compress_activations), show(defaults.compress_activations),
+              "compression of saved activations");
 }
 
 Flags& flags() {

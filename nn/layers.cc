@@ -33,19 +33,28 @@ Tensor Linear::forward(const Tensor& x) {
   KILN_CHECK(x.dim() >= 1 && x.shape().back() == options_.in_features(), "Linear",
              "input {} does not end in in_features={}", shape_str(x.shape()), options_.in_features());
   // After nn::quantize_dynamic the layer holds its int8 weight as buffers: the int8 path.
-  QuantizedWeight q;
+  Tensor int8, int4, scales;
   for (const auto& [name, b] : named_buffers(false)) {
-    if (name == "weight_int8") q.values = b;
-    if (name == "weight_scale") q.scales = b;
+    if (name == "weight_int8") int8 = b;
+    if (name == "weight_int4") int4 = b;
+    if (name == "weight_scale") scales = b;
   }
-  if (q.values.defined()) return quantized_linear(x, q, bias);
+  if (int8.defined()) return quantized_linear(x, QuantizedWeight{int8, scales}, bias);
+  if (int4.defined()) return int4_linear(x, Int4Weight{int4, scales, options_.in_features()}, bias);
   // KILN_QUANTIZE=1: without gradients (NoGradGuard, or nothing requires one), the int8 path,
   // the weight quantized once per value it takes.
   if (flags().quantize && !(grad_enabled() && (x.requires_grad() || weight.requires_grad()))) {
-    if (quantized_->of.lock() != weight.node()) {
-      const QuantizedWeight fresh = quantize_per_channel(weight);
-      *quantized_ = {weight.node(), fresh.values, fresh.scales};
+    const int bits = flags().quantize_bits;
+    if (quantized_->of.lock() != weight.node() || quantized_->bits != bits) {
+      if (bits == 4) {
+        const Int4Weight fresh = quantize_int4(weight);
+        *quantized_ = {weight.node(), bits, fresh.values, fresh.scales};
+      } else {
+        const QuantizedWeight fresh = quantize_per_channel(weight);
+        *quantized_ = {weight.node(), bits, fresh.values, fresh.scales};
+      }
     }
+    if (bits == 4) return int4_linear(x, Int4Weight{quantized_->values, quantized_->scales, options_.in_features()}, bias);
     return quantized_linear(x, QuantizedWeight{quantized_->values, quantized_->scales}, bias);
   }
   return linear(x, weight, bias);

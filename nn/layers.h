@@ -45,6 +45,7 @@ class Linear : public Module {
   // optimizer step is another node, so the cache misses). Shared by copies of the layer.
   struct QuantizedCache {
     std::weak_ptr<Node> of;
+    int bits = 0;
     Tensor values, scales;
   };
   std::shared_ptr<QuantizedCache> quantized_ = std::make_shared<QuantizedCache>();

@@ -72,24 +72,71 @@ Tensor quantized_linear(const Tensor& x, const QuantizedWeight& w, const Tensor&
   return cast(y.reshape(out_shape), x.dtype());
 }
 
+Int4Weight quantize_int4(const Tensor& weight, int64_t group) {
+  KILN_CHECK(weight.dim() == 2 && is_floating(weight.dtype()), "quantize_int4",
+             "needs a floating-point (out, in) weight, got {}", weight.str());
+  KILN_CHECK(group == 32 || group == 64, "quantize_int4", "group size must be 32 or 64, got {}", group);
+  const int64_t N = weight.size(0), K = weight.size(1), padded = (K + group - 1) / group * group;
+  NoGradGuard no_grad;
+  // (padded / group, group, N): the groups run along the input features; padding rows are zeros.
+  const Tensor w = pad(cast(weight.detach(), DType::Float32).t(), {{0, padded - K}, {0, 0}}).reshape({padded / group, group, N});
+  const Tensor scales = maximum(w.abs().max({1}, true) / 7.0, scalar_like(kScaleFloor, w));
+  const Tensor q = zero_nan(clamp(round_half_up(w / scales), -7, 7)).reshape({padded / 2, 2, N}) + 8.0;
+  Int4Weight out;
+  out.values = cast(q.slice(1, 0, 1) + q.slice(1, 1, 2) * 16.0, DType::UInt8).reshape({padded / 2, N});
+  out.scales = scales.reshape({padded / group, N});
+  out.in_features = K;
+  sync({out.values, out.scales});
+  return out;
+}
+
+Tensor dequantize(const Int4Weight& w) {
+  const int64_t half = w.values.size(0), N = w.values.size(1), padded = 2 * half, groups = w.scales.size(0);
+  const Tensor packed = cast(w.values, DType::Float32);
+  const Tensor high = floor(packed / 16.0), low = packed - high * 16.0;
+  const Tensor q = concat({low.unsqueeze(1), high.unsqueeze(1)}, 1).reshape({padded, N}) - 8.0;  // row 2i, then 2i + 1
+  return (q.reshape({groups, padded / groups, N}) * w.scales.unsqueeze(1)).reshape({padded, N}).slice(0, 0, w.in_features);
+}
+
+Tensor int4_linear(const Tensor& x, const Int4Weight& w, const Tensor& bias) {
+  const int64_t K = w.in_features;
+  KILN_CHECK(x.dim() >= 1 && x.shape().back() == K && is_floating(x.dtype()), "QuantizedLinear",
+             "input {} does not end in in_features={} (or is not floating point)", x.str(), K);
+  const Device d = x.device();
+  const Tensor weight = dequantize(Int4Weight{w.values.to(d), w.scales.to(d), K}).cast(x.dtype());
+  Tensor y = matmul(x, weight);
+  return bias.defined() ? y + bias.to(d).cast(x.dtype()) : y;
+}
+
 int64_t quantize_dynamic(Module& model, const QuantizeOptions& options) {
   KILN_CHECK(options.bits_ == 8 || options.bits_ == 4, "quantize_dynamic", "bits must be 8 or 4, got {}", options.bits_);
-  KILN_CHECK(options.bits_ == 8, "quantize_dynamic", "4-bit (weight-only int4) quantization is not built yet; use bits(8)");
+  const bool int4 = options.bits_ == 4;
+  const std::string values_name = int4 ? "weight_int4" : "weight_int8";
   int64_t count = 0;
   auto visit = [&](auto& self, Module m) -> void {
     if (m.type_name() == "Linear") {
       Tensor weight;
       for (const auto& [name, p] : m.named_parameters(false))
         if (name == "weight") weight = p;
-      const QuantizedWeight q = quantize_per_channel(weight);
+      Tensor values, scales;
+      if (int4) {
+        const Int4Weight q = quantize_int4(weight, options.group_size_);
+        values = q.values, scales = q.scales;
+      } else {
+        const QuantizedWeight q = quantize_per_channel(weight);
+        values = q.values, scales = q.scales;
+      }
       bool had = false;
       for (auto& [name, b] : m.named_buffers(false)) {
-        if (name == "weight_int8") b.assign(q.values), had = true;
-        if (name == "weight_scale") b.assign(q.scales);
+        KILN_CHECK(name != (int4 ? "weight_int8" : "weight_int4"), "quantize_dynamic",
+                   "a Linear of {} is already quantized to {} bits; quantize a float model", model.type_name(),
+                   int4 ? 8 : 4);
+        if (name == values_name) b.assign(values), had = true;
+        if (name == "weight_scale") b.assign(scales);
       }
       if (!had) {
-        m.register_buffer("weight_int8", q.values);
-        m.register_buffer("weight_scale", q.scales);
+        m.register_buffer(values_name, values);
+        m.register_buffer("weight_scale", scales);
       }
       ++count;
     }

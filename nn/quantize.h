@@ -20,12 +20,20 @@
 namespace kiln::nn {
 
 struct QuantizeOptions {
-  // Weight width: 8 (int8 weights and activations). 4 (weight-only int4) is not built yet.
+  // Weight width: 8 (int8 weights and activations, int8 matmul) or 4 (weight-only int4: two
+  // weights per byte, one scale per group of input features; the float matmul runs on the weight
+  // dequantized by one fused kernel per call, so the win is memory, not speed).
   QuantizeOptions& bits(int b) {
     bits_ = b;
     return *this;
   }
+  // int4: input features per scale (32 or 64).
+  QuantizeOptions& group_size(int64_t g) {
+    group_size_ = g;
+    return *this;
+  }
   int bits_ = 8;
+  int64_t group_size_ = 32;
 };
 
 // A weight (out, in) quantized per output channel: values (in, out) int8 in [-127, 127] (laid out
@@ -41,10 +49,26 @@ Tensor dequantize(const QuantizedWeight& w);  // (out, in) float32
 // x (..., in) float32 through the int8 path: each call quantizes x with its own range.
 Tensor quantized_linear(const Tensor& x, const QuantizedWeight& w, const Tensor& bias = {});
 
+// A weight (out, in) quantized to 4 bits per group of `group` input features, the inputs padded
+// with zeros to a whole number of groups (in_padded): values (in_padded / 2, out) uint8, row 2i's
+// nibble low and row 2i + 1's high, each nibble q + 8 for q in [-7, 7]; scales
+// (in_padded / group, out) float32 (max |w| / 7 of the group); each weight within half its
+// group's step.
+struct Int4Weight {
+  Tensor values;  // (in_padded / 2, out) uint8
+  Tensor scales;  // (in_padded / group, out) float32
+  int64_t in_features = 0;
+};
+Int4Weight quantize_int4(const Tensor& weight, int64_t group = 32);
+Tensor dequantize(const Int4Weight& w);  // (in, out) float32: the matmul's B, one fused kernel
+// x (..., in) @ the dequantized weight + bias, in x's float type.
+Tensor int4_linear(const Tensor& x, const Int4Weight& w, const Tensor& bias = {});
+
 // Quantizes every nn::Linear in `model` (itself included): each keeps its float weight and gains
-// buffers "weight_int8" and "weight_scale" (saved with the model), and its forward takes the int8
-// path from then on. Returns how many layers it quantized; prints a warning line when none.
-// Throws kiln::Error for a width other than 8.
+// buffers "weight_int8" (or, for 4 bits, "weight_int4") and "weight_scale" (saved with the
+// model), and its forward takes the quantized path from then on. Returns how many layers it
+// quantized; prints a warning line when none. Throws kiln::Error for a width other than 8 or 4,
+// or an int4 group size other than 32 or 64.
 int64_t quantize_dynamic(Module& model, const QuantizeOptions& options = {});
 
 }  // namespace kiln::nn

@@ -42,8 +42,9 @@
 // writes one file per rank (mlp.safetensors -> mlp.tp0.safetensors, ...).
 //   mpirun -np 2 ./build/samples/train_mnist --tensor-parallel 2
 //
-// --quantize 8, after training (or with --load and --max-steps 0), evaluates the model in float32
-// and with every Linear int8 (nn::quantize_dynamic) and prints accuracy, bytes and inference speed:
+// --quantize 8 (or 4), after training (or with --load and --max-steps 0), evaluates the model in
+// float32 and with every Linear int8 (or weight-only int4; nn::quantize_dynamic) and prints
+// accuracy, bytes and inference speed:
 //   ./build/samples/train_mnist --load mlp.safetensors --max-steps 0 --quantize 8
 //
 // --trace FILE writes steps 3 to 5 as a Chrome trace (ui.perfetto.dev): kernels by row (a
@@ -156,7 +157,7 @@ static void compare_quantized(nn::Module& model, const data::Dataset& test, kiln
   std::set<std::string> quantized;
   int64_t float_bytes = 0, quantized_bytes = 0;
   for (const auto& [name, b] : model.named_buffers())
-    if (name.ends_with(".weight_int8") || name.ends_with(".weight_scale")) {
+    if (name.ends_with(".weight_int8") || name.ends_with(".weight_int4") || name.ends_with(".weight_scale")) {
       quantized.insert(name.substr(0, name.rfind('.')) + ".weight");
       quantized_bytes += bytes_of(b);
     }
@@ -167,9 +168,9 @@ static void compare_quantized(nn::Module& model, const data::Dataset& test, kiln
   const auto [int8_accuracy, int8_rate] = timed();
   fmt::print("float32: test accuracy {:.2f}%, {} of weights and biases, {:.0f} examples/s (inference)\n", float_accuracy,
              kiln::memory::format_bytes(float_bytes), float_rate);
-  fmt::print("int{} ({} Linear layers): test accuracy {:.2f}% ({:+.2f} points), {} ({:.1f}x smaller), {:.0f} examples/s "
+  fmt::print("int{} ({} Linear layers{}): test accuracy {:.2f}% ({:+.2f} points), {} ({:.1f}x smaller), {:.0f} examples/s "
              "({:.2f}x)\n",
-             bits, layers, int8_accuracy, int8_accuracy - float_accuracy, kiln::memory::format_bytes(quantized_bytes),
+             bits, layers, bits == 4 ? ", weight-only" : "", int8_accuracy, int8_accuracy - float_accuracy, kiln::memory::format_bytes(quantized_bytes),
              static_cast<double>(float_bytes) / static_cast<double>(std::max<int64_t>(quantized_bytes, 1)), int8_rate,
              int8_rate / float_rate);
 }
@@ -498,9 +499,9 @@ int main(int argc, char** argv) {
                  "split the MLP's two large layers over this many processes (mpirun -np N)")
       ->check(CLI::PositiveNumber);
   app.add_option("--quantize", quantize,
-                 "after training, compare the model in float32 and with every Linear int8: accuracy, bytes, speed "
-                 "(8; weight-only int4 is not built yet)")
-      ->check(CLI::IsMember({8}));
+                 "after training, compare the model in float32 and with every Linear quantized: 8 (int8) or 4 "
+                 "(weight-only int4, groups of 32): accuracy, bytes, speed")
+      ->check(CLI::IsMember({8, 4}));
   app.add_option("--trace", trace_path,
                  "write steps 3 to 5 as a Chrome trace (one file per process under mpirun: FILE.rankN.json)");
   CLI11_PARSE(app, argc, argv);

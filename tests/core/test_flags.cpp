@@ -58,10 +58,10 @@ TEST_CASE("sizes parse with units", "[flags]") {
   REQUIRE_THROWS_AS(parse_size("lots", "x"), Error);
 }
 
-// KILN_QUANTIZE reads; KILN_QUANTIZE_BITS=4 asks for weight-only int4, which is not built yet: that
-// value fails wherever it comes from, instead of silently doing nothing.
+// KILN_COMPRESS_ACTIVATIONS is declared for a feature that is not built yet: a value other than
+// the default fails wherever it comes from, instead of silently doing nothing.
 TEST_CASE("flags of features not built yet refuse their values", "[flags]") {
-  // From the environment (what flags() reads at first use).
+  // From the environment (what flags() reads at first use). KILN_AMP and KILN_QUANTIZE are built.
   setenv("KILN_AMP", "bf16", 1);
   CHECK(Flags::from_environment().amp == AmpMode::BFloat16);
   setenv("KILN_AMP", "fp8", 1);
@@ -70,23 +70,30 @@ TEST_CASE("flags of features not built yet refuse their values", "[flags]") {
   CHECK(Flags::from_environment().amp == AmpMode::None);
   unsetenv("KILN_AMP");
   setenv("KILN_QUANTIZE", "1", 1);
-  CHECK(Flags::from_environment().quantize);
-  unsetenv("KILN_QUANTIZE");
   setenv("KILN_QUANTIZE_BITS", "4", 1);
-  REQUIRE_THROWS_WITH(Flags::from_environment(), Catch::Contains("not built yet") && Catch::Contains("KILN_QUANTIZE_BITS"));
-  setenv("KILN_QUANTIZE_BITS", "6", 1);  // not a width kiln quantizes to: named as a bad value
+  CHECK(Flags::from_environment().quantize);
+  CHECK(Flags::from_environment().quantize_bits == 4);
+  setenv("KILN_QUANTIZE_BITS", "6", 1);  // not a width kiln quantizes to
   REQUIRE_THROWS_WITH(Flags::from_environment(), Catch::Contains("KILN_QUANTIZE_BITS") && Catch::Contains("8 or 4"));
   unsetenv("KILN_QUANTIZE_BITS");
+  unsetenv("KILN_QUANTIZE");
+  setenv("KILN_COMPRESS_ACTIVATIONS", "int8", 1);
+  REQUIRE_THROWS_WITH(Flags::from_environment(),
+                      Catch::Contains("not built yet") && Catch::Contains("KILN_COMPRESS_ACTIVATIONS"));
+  setenv("KILN_COMPRESS_ACTIVATIONS", "int3", 1);  // not a value it will take: named as a bad value first
+  REQUIRE_THROWS_WITH(Flags::from_environment(), Catch::Contains("KILN_COMPRESS_ACTIVATIONS") && Catch::Contains("int8"));
+  unsetenv("KILN_COMPRESS_ACTIVATIONS");
 
   // From set(): refused, and the flags are left as they were.
-  REQUIRE_THROWS_WITH(flags().set("quantize_bits", "4"), Catch::Contains("not built yet") && Catch::Contains("KILN_QUANTIZE_BITS"));
-  CHECK(flags().quantize_bits == 8);
+  REQUIRE_THROWS_WITH(flags().set("compress_activations", "int8"),
+                      Catch::Contains("not built yet") && Catch::Contains("KILN_COMPRESS_ACTIVATIONS"));
+  CHECK(flags().compress_activations.empty());
 
   // On the field, inside a FlagsGuard: the next realize refuses to run; nothing is computed.
   Tensor x = from_vector<float>({1, 2, 3}, {3});
   {
     FlagsGuard guard;
-    flags().quantize_bits = 4;
+    flags().compress_activations = "int8";
     REQUIRE_THROWS_WITH(flags().check_built(), Catch::Contains("not built yet"));
     REQUIRE_THROWS_WITH((x * 2.0).to_vector<float>(), Catch::Contains("not built yet"));
     REQUIRE_THROWS_WITH(sync({x * 2.0}), Catch::Contains("not built yet"));

@@ -114,7 +114,7 @@ TEST_CASE("quantize_dynamic turns every Linear of a model int8 and keeps its out
   CHECK_THROWS_WITH(nn::load(plain, path), Catch::Contains("weight_int8"));
   std::filesystem::remove(path);
   CHECK_THROWS_WITH(nn::quantize_dynamic(model, nn::QuantizeOptions().bits(3)), Catch::Contains("bits must be 8 or 4, got 3"));
-  CHECK_THROWS_WITH(nn::quantize_dynamic(model, nn::QuantizeOptions().bits(4)), Catch::Contains("not built yet"));
+  CHECK_THROWS_WITH(nn::quantize_dynamic(model, nn::QuantizeOptions().bits(4)), Catch::Contains("already quantized to 8 bits"));
   nn::Sequential no_linear{nn::ReLU()};
   CHECK(nn::quantize_dynamic(no_linear) == 0);
 }
@@ -162,4 +162,47 @@ TEST_CASE("KILN_QUANTIZE runs every Linear int8 without gradients, requantizing 
     flags().quantize = false;
     CHECK(sqnr_db(model.forward(x), got) >= 30.0);
   }
+}
+
+TEST_CASE("int4 weights: two per byte, within half a group's step, 20 dB from the float layer", "[quantize]") {
+  manual_seed(6);
+  for (int64_t group : {32, 64}) {
+    Tensor w = (randn({12, 80}) * 0.2).realize();  // 80 inputs: the last group is padded with zeros
+    nn::Int4Weight q = nn::quantize_int4(w, group);
+    const int64_t padded = (80 + group - 1) / group * group;
+    REQUIRE(q.values.dtype() == DType::UInt8);
+    REQUIRE(q.values.shape() == Shape{padded / 2, 12});
+    REQUIRE(q.scales.shape() == Shape{padded / group, 12});
+    std::vector<double> want = w.t().to_doubles(), got = nn::dequantize(q).to_doubles(), scales = q.scales.to_doubles();
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      const size_t k = i / 12, n = i % 12;
+      CHECK(std::abs(got[i] - want[i]) <= scales[(k / static_cast<size_t>(group)) * 12 + n] / 2 * (1 + 1e-6));
+    }
+    NoGradGuard no_grad;
+    Tensor x = randn({16, 80}), bias = randn({12});
+    CHECK(sqnr_db(linear(x, w, bias), nn::int4_linear(x, q, bias)) >= 20.0);
+  }
+  CHECK_THROWS_WITH(nn::quantize_int4(randn({4, 64}), 16), Catch::Contains("32 or 64, got 16"));
+}
+
+TEST_CASE("quantize_dynamic(bits 4) and KILN_QUANTIZE_BITS=4 run every Linear on int4 weights", "[quantize]") {
+  manual_seed(7);
+  Mlp model;
+  Tensor x = randn({8, 64}).realize();
+  NoGradGuard no_grad;
+  Tensor want = model.forward(x).realize();
+  {
+    FlagsGuard guard;
+    flags().quantize = true;
+    flags().quantize_bits = 4;
+    CHECK(sqnr_db(want, model.forward(x)) >= 15.0);  // two layers of 4-bit noise
+  }
+  CHECK(nn::quantize_dynamic(model, nn::QuantizeOptions().bits(4).group_size(64)) == 2);
+  int64_t packed = 0;
+  for (const auto& [name, b] : model.named_buffers())
+    if (name.ends_with("weight_int4")) packed += b.numel();
+  CHECK(packed == (64 * 128 + 128 * 10) / 2);  // half a byte per weight
+  CHECK(sqnr_db(want, model.forward(x)) >= 15.0);
+  CHECK_THROWS_WITH(nn::quantize_dynamic(model, nn::QuantizeOptions().bits(8)), Catch::Contains("already quantized to 4 bits"));
 }

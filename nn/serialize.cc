@@ -214,8 +214,19 @@ TensorMap load_tensors(const std::string& path, Metadata* metadata) {
 
 void save(const Module& module, const std::string& path) {
   TensorMap tensors;
-  for (const auto& [name, t] : module.state()) tensors.emplace(name, t);
-  save_tensors(tensors, path);
+  Metadata metadata;
+  for (const auto& [name, t] : module.state()) {
+    tensors.emplace(name, t);
+    // How a reader outside kiln turns quantized weights (nn/quantize.h) back into the float ones.
+    if (name.ends_with(".weight_int8") || name == "weight_int8")
+      metadata[name] = "int8, symmetric per output channel: weight[o][i] = weight_int8[i][o] * weight_scale[o]";
+    if (name.ends_with(".weight_int4") || name == "weight_int4")
+      metadata[name] =
+          "int4 in uint8 pairs, symmetric per group of g input features (g = rows of weight_int4 * 2 / rows of "
+          "weight_scale): q = (byte >> 4 * (i % 2)) & 15, weight[o][i] = (q - 8) * weight_scale[i / g][o]; rows past "
+          "in_features are padding";
+  }
+  save_tensors(tensors, path, metadata);
 }
 
 void load(Module& module, const std::string& path, bool strict) {

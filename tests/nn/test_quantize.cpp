@@ -105,6 +105,9 @@ TEST_CASE("quantize_dynamic turns every Linear of a model int8 and keeps its out
   // a float model has no place for them.
   const std::string path = (std::filesystem::temp_directory_path() / fmt::format("kiln_q_{}.safetensors", ::getpid())).string();
   nn::save(model, path);
+  nn::Metadata metadata;
+  nn::load_tensors(path, &metadata);
+  CHECK(metadata["fc1.weight_int8"].find("per output channel") != std::string::npos);
   manual_seed(99);
   Mlp other;
   nn::quantize_dynamic(other);

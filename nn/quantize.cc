@@ -20,7 +20,7 @@ constexpr double kScaleFloor = std::numeric_limits<float>::min();
 
 Tensor round_half_up(const Tensor& t) { return floor(t + 0.5); }
 
-// NaN where t is NaN, else t: keeps a cast to an integer type defined.
+// 0 where t is NaN, else t: keeps a cast to an integer type defined.
 Tensor zero_nan(const Tensor& t) { return where(t == t, t, zeros_like(t)); }
 
 }  // namespace

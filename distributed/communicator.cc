@@ -412,6 +412,11 @@ int world_size() { return world().size; }
 
 bool Group::contains_me() const { return rank() >= 0; }
 
+void Group::require_me(const char* op) const {
+  KILN_CHECK(contains_me(), op, "rank {} is not a member of the group of world ranks [{}]", world().rank,
+             fmt::join(ranks_, ", "));
+}
+
 int Group::rank() const {
   if (ranks_.empty()) return world().rank;
   auto at = std::find(ranks_.begin(), ranks_.end(), world().rank);
@@ -449,20 +454,11 @@ Group new_group(std::vector<int> ranks) {
   return g;
 }
 
-namespace {
-
-// Checks that this rank may take part in a collective of `group`.
-void check_member(const Group& group, const char* op) {
-  KILN_CHECK(group.contains_me(), op, "rank {} is not a member of the group of world ranks [{}]", world().rank,
-             fmt::join(group.ranks(), ", "));
-}
-
-}  // namespace
 
 void barrier(const Group& group) {
   const char* name = "distributed::barrier";
   require_init(name);
-  check_member(group, name);
+  group.require_me(name);
 #if KILN_WITH_MPI
   if (!world().mpi || group.size() == 1) return;
   run_mpi(name, [&](MPI_Request* r) { return MPI_Ibarrier(communicator(group.id(), name), r); });
@@ -472,7 +468,7 @@ void barrier(const Group& group) {
 Tensor all_reduce(const Tensor& t, ReduceOp op, const Group& group) {
   const char* name = "distributed::all_reduce";
   require_init(name);
-  check_member(group, name);
+  group.require_me(name);
   check_reduce(t, op, name);
   const int n = group.size();
   if (n == 1) return t;
@@ -502,7 +498,7 @@ Tensor all_reduce(const Tensor& t, ReduceOp op, const Group& group) {
 Tensor broadcast(const Tensor& t, int root, const Group& group) {
   const char* name = "distributed::broadcast";
   require_init(name);
-  check_member(group, name);
+  group.require_me(name);
   KILN_CHECK(root >= 0 && root < group.size(), name, "root {} is not a rank of this group of {}", root, group.size());
   Tensor in = host_values(t);
   Tensor out = fresh_host(t.shape(), t.dtype());
@@ -521,7 +517,7 @@ Tensor broadcast(const Tensor& t, int root, const Group& group) {
 Tensor all_gather(const Tensor& t, const Group& group) {
   const char* name = "distributed::all_gather";
   require_init(name);
-  check_member(group, name);
+  group.require_me(name);
   KILN_CHECK(t.dim() >= 1, name, "needs a tensor with an axis 0 to concatenate along, got {}", t.str());
   Shape shape = t.shape();
   shape[0] *= group.size();

@@ -23,6 +23,8 @@ class Group {
   Group() = default;  // the world
   bool is_world() const { return id_ == 0; }
   bool contains_me() const;  // this process is a member
+  // Throws kiln::Error naming `op`, this rank and the group's ranks when this process is not a member.
+  void require_me(const char* op) const;
   int rank() const;          // this process's index in the group; -1 when it is not a member
   int size() const;
   int world_rank(int group_rank) const;  // the world rank of a member

@@ -223,8 +223,7 @@ class Reducer : public GradientReducer {
 DataParallel::DataParallel(nn::AnyModule module, Group group)
     : nn::Module(static_cast<const nn::Module&>(module)), module_(std::move(module)) {
   init();
-  KILN_CHECK(group.contains_me(), "DataParallel", "rank {} is not a member of the group of world ranks [{}]", rank(),
-             fmt::join(group.ranks(), ", "));
+  group.require_me("DataParallel");
   const nn::NamedTensors named = module_.named_parameters();
   check_same_parameters(named, group);
   if (group.size() > 1) {

@@ -36,7 +36,7 @@ void send_layout(const Tensor& y, int64_t to) {
   std::vector<int64_t> layout(kMaxDims + 2, 0);
   layout[0] = static_cast<int64_t>(y.dtype());
   layout[1] = y.dim();
-  for (int64_t d = 0; d < y.dim(); ++d) layout[static_cast<size_t>(d) + 2] = y.shape()[static_cast<size_t>(d)];
+  for (size_t d = 0; d < y.dim(); ++d) layout[d + 2] = y.shape()[d];
   send(from_vector<int64_t>(layout, {static_cast<int64_t>(layout.size())}), static_cast<int>(to), kLayoutTag);
 }
 
@@ -123,8 +123,7 @@ Pipeline::Pipeline(const nn::Sequential& model, PipelineOptions options)
     : nn::Module("Pipeline"), options_(std::move(options)) {
   init();
   const Group& group = options_.group_;
-  KILN_CHECK(group.contains_me(), "Pipeline", "rank {} is not a member of the group of world ranks [{}]", rank(),
-             fmt::join(group.ranks(), ", "));
+  group.require_me("Pipeline");
   stages_ = group.size();
   stage_ = group.rank();
   const int64_t m = options_.micro_batches_;
@@ -132,7 +131,7 @@ Pipeline::Pipeline(const nn::Sequential& model, PipelineOptions options)
   bounds_ = pipeline_stages(model, options_.balance_, stages_);
   for (int64_t i = bounds_[static_cast<size_t>(stage_)]; i < bounds_[static_cast<size_t>(stage_) + 1]; ++i)
     layers_.push_back(register_module(std::to_string(i), model[static_cast<size_t>(i)]));
-  memory::set_trace_process_name(fmt::format("kiln rank {}: stage {} of {}", stage_, stage_, stages_));
+  memory::set_trace_process_name(fmt::format("kiln rank {}: stage {} of {}", rank(), stage_, stages_));
 }
 
 Device Pipeline::device() const {

@@ -2,8 +2,6 @@
 // and row-parallel Linear layers built on them. See tensor_parallel.h.
 #include "distributed/tensor_parallel.h"
 
-#include <fmt/ranges.h>
-
 #include "core/error.h"
 #include "distributed/communicator.h"
 #include "ops/ops.h"
@@ -21,8 +19,7 @@ int64_t axis_of(const Tensor& t, int64_t dim, const char* name) {
 
 void require_member(const Group& group, const char* name) {
   init();
-  KILN_CHECK(group.contains_me(), name, "rank {} is not a member of the group of world ranks [{}]", distributed::rank(),
-             fmt::join(group.ranks(), ", "));
+  group.require_me(name);
 }
 
 // The size of the group a tensor-parallel op runs in, after checking that its tensor can take part.

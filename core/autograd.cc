@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "core/autocast.h"
+#include "core/flags.h"
 #include "memory/recompute.h"
 #include "ops/ops.h"
 
@@ -11,6 +12,14 @@ namespace kiln {
 
 namespace {
 thread_local bool g_grad_enabled = true;
+thread_local int g_compress = -1;  // CompressActivationsGuard: -1 none, 0 off, 1 on
+thread_local bool g_recording_backward = false;
+
+struct RecordingBackward {
+  bool previous = g_recording_backward;
+  RecordingBackward() { g_recording_backward = true; }
+  ~RecordingBackward() { g_recording_backward = previous; }
+};
 
 // Nodes between `root` and the gradient leaves, inputs before consumers. Owning pointers: the
 // sweep may free the history of realized nodes while the caller still reads the results.
@@ -58,6 +67,7 @@ Backward backpropagate(const Tensor& output, const Tensor& grad_output, bool ret
   KILN_CHECK(seed.shape() == output.shape(), "grad", "grad_output shape {} differs from output shape {}",
              shape_str(seed.shape()), shape_str(output.shape()));
   NoGradGuard no_grad;
+  RecordingBackward recording;
   Backward result;
   auto& grads = result.grads;
   // Gradients run in the dtype of each forward value (PyTorch: autocast never applies to the
@@ -95,6 +105,10 @@ Backward backpropagate(const Tensor& output, const Tensor& grad_output, bool ret
 }  // namespace
 
 bool grad_enabled() { return g_grad_enabled; }
+bool recording_backward() { return g_recording_backward; }
+bool compressing_activations() { return g_compress >= 0 ? g_compress == 1 : flags().compress_activations == "int8"; }
+CompressActivationsGuard::CompressActivationsGuard(bool on) : previous_(g_compress) { g_compress = on ? 1 : 0; }
+CompressActivationsGuard::~CompressActivationsGuard() { g_compress = previous_; }
 NoGradGuard::NoGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { g_grad_enabled = previous_; }
 

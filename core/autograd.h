@@ -23,6 +23,20 @@ class NoGradGuard {
   bool previous_;
 };
 
+// Compression of saved activations (memory/compress.h) for what is recorded inside: on (int8) or
+// off, whatever KILN_COMPRESS_ACTIVATIONS says. Nests; the innermost guard wins.
+//   { kiln::CompressActivationsGuard int8(true); h = block.forward(x); }
+class CompressActivationsGuard {
+ public:
+  explicit CompressActivationsGuard(bool on);
+  ~CompressActivationsGuard();
+  CompressActivationsGuard(const CompressActivationsGuard&) = delete;
+  CompressActivationsGuard& operator=(const CompressActivationsGuard&) = delete;
+
+ private:
+  int previous_;
+};
+
 // d(output)/d(input) for each input; `output` must have one element unless `grad_output` is
 // given. Inputs the output does not depend on get zeros.
 // As in PyTorch, the graph behind `output` is consumed: once its nodes are realized they drop

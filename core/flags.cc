@@ -65,8 +65,7 @@ std::string show(const std::string& v) { return v.empty() ? "\"\"" : v; }
 std::string show(MemoryPool v) { return v == MemoryPool::None ? "none" : "pool"; }
 std::string show(AmpMode v) { return v == AmpMode::None ? "none" : v == AmpMode::Float16 ? "fp16" : "bf16"; }
 
-// Checks values that have a grammar beyond their C++ type, then that no flag asks for a feature
-// that is not built yet.
+// Checks values that have a grammar beyond their C++ type.
 void validate(const Flags& f) {
   if (f.log < 0 || f.log > 3) bad_value("log", std::to_string(f.log), "0..3");
   if (f.num_threads < 0) bad_value("num_threads", std::to_string(f.num_threads), "a count >= 0");
@@ -90,13 +89,6 @@ void validate(const Flags& f) {
       parse_size(f.memory_budget, "memory_budget");
     }
   }
-  f.check_built();
-}
-
-[[noreturn]] void not_built(std::string_view name, const std::string& value, const std::string& default_value,
-                            std::string_view feature) {
-  KILN_FAIL("flags", "flag {} ({}) is '{}', but {} is not built yet; leave it at '{}' (unset {})", name,
-            env_name(name), value, feature, default_value, env_name(name));
 }
 
 std::map<std::string, std::string>& env_values() {
@@ -135,13 +127,6 @@ int64_t parse_size(const std::string& text, const char* what) {
 }
 
 Flags Flags::from_environment() { return read_environment(); }
-
-void Flags::check_built() const {
-  static const Flags defaults;  // runs at every sync: built once
-  if (compress_activations != defaults.compress_activations)
-    not_built("compress_activations", show(compress_activations), show(defaults.compress_activations),
-              "compression of saved activations");
-}
 
 Flags& flags() {
   static Flags f = read_environment();

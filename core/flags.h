@@ -36,11 +36,7 @@ enum class AmpMode : uint8_t { None, Float16, BFloat16 };
   X(double, collective_timeout, 300.0, "seconds a collective waits for the other ranks, then throws") \
   X(bool, quantize, false, "nn::Linear runs quantized when no gradient is recorded (nn/quantize.h)") \
   X(int, quantize_bits, 8, "quantized weight width: 8 (int8 matmul) or 4 (weight-only int4)")    \
-  X(std::string, compress_activations, "", "int8: keep saved activations as int8 (not built yet)")
-
-// compress_activations is declared for the feature that will read it, which is not built yet:
-// until it is, a value other than the default throws kiln::Error saying so, wherever it was set
-// (environment, set(), or the field itself: see check_built()).
+  X(std::string, compress_activations, "", "int8: keep activations saved for the backward as int8 (memory/compress.h)")
 
 struct Flags {
 #define KILN_DECLARE_FLAG(type, name, def, doc) type name = def;
@@ -55,9 +51,6 @@ struct Flags {
   static Flags from_environment();
   // Sets a flag from text, as the environment does; throws kiln::Error on unknown names/values.
   void set(const std::string& name, const std::string& value);
-  // Throws kiln::Error when a flag asks for a feature that is not built yet (compress_activations). The environment and set() check this;
-  // every realize checks it too, so a field set directly fails before anything runs with it.
-  void check_built() const;
 };
 
 // The process-wide flags, read from KILN_* environment variables on first use.

@@ -31,6 +31,11 @@ struct Storage {
 
 struct Var;
 struct Node;
+// Whether a value recorded now is kept as int8 if the backward saves it (memory/compress.h):
+// CompressActivationsGuard's setting where one is active, else KILN_COMPRESS_ACTIVATIONS.
+bool compressing_activations();
+// Whether autograd is recording a backward pass now (core/autograd.cc).
+bool recording_backward();
 class GradientReducer;  // core/autograd.h
 using NodePtr = std::shared_ptr<Node>;
 
@@ -67,6 +72,13 @@ struct Node : std::enable_shared_from_this<Node> {
   // forward node made for the backward, which the executor computes as late as it can.
   std::shared_ptr<const CheckpointSegment> segment;
   bool recompute = false;
+  // Compression (memory/compress.h): `compress` marks a value recorded while it was on; the
+  // executor gives such a value, if the backward reads it, an int8 (or 1-bit mask) copy that the
+  // backward reads instead. `saved_copy` marks the nodes computing that copy: forward work the
+  // executor runs as soon as it can, so the full-width value dies with its last forward reader.
+  bool compress = compressing_activations();
+  bool saved_copy = false;
+  bool backward = recording_backward();  // recorded by a gradient rule
   uint32_t label = current_trace_label();  // core/trace_label.h: the kernel that computes it shows it
   uint64_t id = next_id();
   // Scratch space of graph walks (the executor's collect pass): valid when visit == the walk's

@@ -82,7 +82,8 @@ void defer_collective_readers(std::vector<NodePtr>& nodes) {
 // One exception: a node that becomes ready as the last reader of all its inputs, with an output
 // no larger than they are, runs at once (a pipeline stage's gradient sums, recorded after a whole
 // micro-batch's backward, would otherwise keep every weight gradient of that micro-batch alive).
-// It is no send or receive and reads none, so the waits for messages keep their order.
+// It is no send or receive and reads none, so the waits for messages keep their order. So does a
+// compressed copy of a saved value (memory/compress.h), for the same reason: it lets the value go.
 void order_as_recorded(std::vector<NodePtr>& nodes) {
   const size_t n = nodes.size();
   std::vector<int> missing(n, 0), unread(n, 0);
@@ -110,7 +111,7 @@ void order_as_recorded(std::vector<NodePtr>& nodes) {
   std::priority_queue<int, std::vector<int>, decltype(later)> ready(later);
   std::vector<int> now;  // ready nodes that free memory: before anything else
   auto make_ready = [&](int i) {
-    if (frees_memory(i)) now.push_back(i);
+    if (frees_memory(i) || nodes[i]->saved_copy) now.push_back(i);
     else ready.push(i);
   };
   for (size_t i = 0; i < n; ++i)
@@ -239,7 +240,7 @@ PendingGraph collect_pending(const std::vector<NodePtr>& targets) {
   if (has_message) {
     order_as_recorded(g.nodes);
   } else {
-    if (std::any_of(g.nodes.begin(), g.nodes.end(), [](const NodePtr& n) { return n->recompute; }))
+    if (std::any_of(g.nodes.begin(), g.nodes.end(), [](const NodePtr& n) { return n->recompute || n->saved_copy; }))
       memory::order_for_recompute(g.nodes);
     else
       defer_updates(g.nodes);

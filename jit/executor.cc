@@ -21,6 +21,7 @@
 #include "jit/stats.h"
 #include "memory/allocator.h"
 #include "memory/pool.h"
+#include "memory/compress.h"
 #include "memory/recompute.h"
 
 namespace kiln::jit {
@@ -208,6 +209,17 @@ bool old_value_unobserved(const PendingGraph& graph, int e, const std::vector<si
   return true;
 }
 
+// The pending graph behind `targets`, with saved activations recorded under compression kept
+// compressed (memory/compress.h). The rewiring stays, so a graph is compressed once.
+PendingGraph collect_compressed(const std::vector<NodePtr>& targets, memory::Compression* compression = nullptr) {
+  PendingGraph graph = collect_pending(targets);
+  if (std::none_of(graph.nodes.begin(), graph.nodes.end(), [](const NodePtr& n) { return n->compress; })) return graph;
+  memory::Compression done = memory::compress_saved_activations(graph.nodes);
+  if (compression) *compression = done;
+  if (done.values > 0) graph = collect_pending(targets);
+  return graph;
+}
+
 // The budget pass's choices by graph key and budget: positions of the nodes to recompute.
 std::unordered_map<std::string, std::vector<int>> g_recompute_choices;
 
@@ -344,7 +356,8 @@ void realize(const std::vector<NodePtr>& targets) {
       return realize(elsewhere);
     }
   std::lock_guard<std::mutex> lock(g_mutex);
-  PendingGraph graph = collect_pending(targets);
+  memory::Compression compression;
+  PendingGraph graph = collect_compressed(targets, &compression);
   if (graph.nodes.empty()) return;
   const Device device = graph.nodes.front()->device;
   for (const NodePtr& n : graph.nodes)
@@ -365,6 +378,9 @@ void realize(const std::vector<NodePtr>& targets) {
   }
   if (!plan) {
     uncached = make_plan(graph, lower(graph, schedule(graph)), device);
+    uncached->info->compressed_values = compression.values;
+    uncached->info->compressed_from = compression.full_bytes;
+    uncached->info->compressed_to = compression.kept_bytes;
     memory::note_plan(uncached->info);
     uncached->kernels = uncached->backend->compile(uncached->program.kernels, device, uncached->group_start);
     stats().plans_built++;
@@ -382,13 +398,13 @@ void realize(const std::vector<NodePtr>& targets) {
 
 Program lower_for(const std::vector<NodePtr>& targets) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  PendingGraph graph = collect_pending(targets);
+  PendingGraph graph = collect_compressed(targets);
   return lower(graph, schedule(graph));
 }
 
 ScheduledGraph schedule_for(const std::vector<NodePtr>& targets) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  ScheduledGraph out{collect_pending(targets), {}};
+  ScheduledGraph out{collect_compressed(targets), {}};
   out.schedule = schedule(out.graph);
   return out;
 }
@@ -414,7 +430,6 @@ size_t plan_cache_size() {
 namespace kiln {
 
 void sync(const std::vector<Tensor>& tensors) {
-  flags().check_built();  // a flag of a feature not built yet, set on the field, fails here
   std::vector<NodePtr> targets;
   for (const Tensor& t : tensors)
     if (t.defined()) targets.push_back(t.node());

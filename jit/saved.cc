@@ -30,17 +30,18 @@ SavedForBackward saved_for_backward(const Tensor& loss, const std::vector<Tensor
   const PendingGraph& graph = scheduled.graph;
   std::unordered_map<const Node*, size_t> position;  // (not visit_index: another walk may reuse it)
   for (size_t i = 0; i < graph.nodes.size(); ++i) position[graph.nodes[i].get()] = i;
-  // Nodes are numbered in recording order: the backward's come after the loss.
+  // Nodes are numbered in recording order: the backward's come after the loss, and so do
+  // compressed copies of saved values (memory/compress.h), which are forward work.
   const uint64_t turn = loss.node()->id;
   std::unordered_set<const Node*> saved, seen;
   std::vector<const Node*> stack;
   for (const NodePtr& node : graph.nodes) {
-    if (node->id <= turn) continue;
+    if (node->id <= turn || node->saved_copy) continue;
     for (const NodePtr& in : node->inputs) stack.push_back(in.get());
     while (!stack.empty()) {
       const Node* n = stack.back();
       stack.pop_back();
-      if (n->id > turn || !seen.insert(n).second) continue;
+      if ((n->id > turn && !n->saved_copy) || !seen.insert(n).second) continue;
       if (n->realized() || scheduled.schedule.materialized[position.at(n)]) {
         saved.insert(n);
         continue;
@@ -52,7 +53,7 @@ SavedForBackward saved_for_backward(const Tensor& loss, const std::vector<Tensor
   for (const Node* n : saved) {
     if (op_kind(n->op) == OpKind::Leaf && !n->realized()) continue;  // constants and generators
     if (n->realized() && !counted.insert(n->storage.get()).second) continue;
-    (is_weight(*n) ? out.weights : out.activations) += static_cast<int64_t>(n->nbytes());
+    (is_weight(*n) ? out.weights : n->realized() ? out.inputs : out.activations) += static_cast<int64_t>(n->nbytes());
   }
   return out;
 }

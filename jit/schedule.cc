@@ -29,6 +29,13 @@ Schedule schedule(const PendingGraph& graph) {
   }
   materialized.assign(n, false);
   for (int o : graph.outputs) materialized[o] = true;
+  // A compressed copy of a saved value (memory/compress.h) is stored where the backward reads
+  // it: that narrow buffer is what the step keeps, not the value it was computed from.
+  for (size_t i = 0; i < n; ++i) {
+    if (graph.nodes[i]->saved_copy) continue;
+    for (const NodePtr& in : graph.nodes[i]->inputs)
+      if (auto it = position.find(in.get()); in->saved_copy && it != position.end()) materialized[it->second] = true;
+  }
   // A gather reads its source from memory, through reshapes (the same memory): the buffer under
   // them. Known before the costs below, so that what is computed from it is not priced as if the
   // source were recomputed everywhere.

@@ -50,7 +50,8 @@ size_t plan_cache_size();
 // scheduled as a training step runs it (the loss and the gradients in one plan); nothing runs:
 // the gradient graph is built with retain_graph and dropped.
 struct SavedForBackward {
-  int64_t activations = 0;  // everything but the weights: inputs, activations, their casts
+  int64_t activations = 0;  // values the step computes (activations, casts, compressed copies)
+  int64_t inputs = 0;       // realized values the step is given that are not weights (a batch)
   int64_t weights = 0;      // parameters and autocast's low-precision copies of them
 };
 SavedForBackward saved_for_backward(const Tensor& loss, const std::vector<Tensor>& params);

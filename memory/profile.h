@@ -24,6 +24,10 @@ struct PlanLayout {
   int64_t lower_bound = 0;   // most bytes live during one kernel
   int64_t output_bytes = 0;
   uint64_t runs = 0;         // how many times the plan ran
+  // Saved activations the plan keeps compressed (memory/compress.h): how many, their bytes at
+  // full width, and the bytes kept instead.
+  int compressed_values = 0;
+  int64_t compressed_from = 0, compressed_to = 0;
 };
 
 // Called by the executor when it builds a plan; the most recent plans are kept for reports.

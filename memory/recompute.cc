@@ -114,26 +114,6 @@ void RecomputeRewrite::undo() {
 
 namespace {
 
-// The pending graph by position, and the buffer each node's value lives in: its own, or for a
-// view (reshape, permute, ...) the one under it; -1 for generators and realized values.
-struct GraphIndex {
-  std::unordered_map<const Node*, int> position;
-  std::vector<int> base;
-
-  explicit GraphIndex(const std::vector<NodePtr>& nodes) : base(nodes.size(), -1) {
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      const Node& n = *nodes[i];
-      position[&n] = static_cast<int>(i);
-      if (op_kind(n.op) == OpKind::Movement) base[i] = of(n.inputs[0].get()) >= 0 ? base[of(n.inputs[0].get())] : -1;
-      else if (op_kind(n.op) != OpKind::Leaf) base[i] = static_cast<int>(i);
-    }
-  }
-  int of(const Node* n) const {
-    auto it = position.find(n);
-    return it == position.end() ? -1 : it->second;
-  }
-};
-
 // Saved activations: forward values (recorded with gradient tracking) that the backward also
 // reads, directly or through views. Inputs before consumers.
 std::vector<int> saved_activations(const std::vector<NodePtr>& nodes, const GraphIndex& index) {

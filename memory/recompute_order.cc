@@ -84,7 +84,7 @@ void order_for_recompute(std::vector<NodePtr>& nodes) {
       work.push_back(c);
     } else {
       ready.insert(c);
-      if (frees(c)) freeing.insert(c);
+      if (frees(c) || nodes[c]->saved_copy) freeing.insert(c);
     }
   };
   auto drain = [&] {  // lazy nodes whose inputs are all satisfied are satisfied too

@@ -34,9 +34,11 @@ void for_each_realized_read(const std::vector<NodePtr>& nodes, Visit visit) {
 //  - Lazy nodes are computed on demand, right before their first consumer: the copies, values
 //    derived only from them (e.g. a relu mask in the backward), views and generators.
 //  - Of the other nodes whose inputs are ready, one that is the last reader of a buffer goes first
-//    (e.g. a weight gradient, freeing the activation it reads); otherwise the DFS order holds.
+//    (e.g. a weight gradient, freeing the activation it reads), and so does the compressed copy
+//    of a saved value (memory/compress.h), so the full-width value dies with its last forward
+//    reader; otherwise the DFS order holds.
 //  - A parameter update still comes after every other reader of the old value.
-// Graphs without copies keep the DFS order.
+// Graphs without copies (recomputed or compressed) keep the DFS order.
 void order_for_recompute(std::vector<NodePtr>& nodes);
 
 }  // namespace kiln::memory

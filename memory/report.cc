@@ -113,6 +113,10 @@ std::string report() {
   fmt::format_to(line, "\nlast plan: {} kernels, {} buffers, arena {} B, lower bound {} B ({}), outputs {} B\n",
                  last->kernels.size(), last->buffers.size(), last->arena_bytes, last->lower_bound,
                  ratio(last->arena_bytes, last->lower_bound), last->output_bytes);
+  if (last->compressed_values > 0)
+    fmt::format_to(line, "saved activations compressed: {} values, {} kept as {} ({:.2f}x)\n", last->compressed_values,
+                   format_bytes(last->compressed_from), format_bytes(last->compressed_to),
+                   static_cast<double>(last->compressed_to) / static_cast<double>(last->compressed_from));
   // What is live at the peak, grouped by the kernel summary and size that made it.
   Peak peak = peak_of(*last);
   if (peak.kernel >= 0) {

@@ -1,4 +1,5 @@
-// nn::checkpoint: activation checkpointing for a module. y = nn::checkpoint(block, x) runs
+// nn::checkpoint: activation checkpointing for a module (and nn::compress_activations: int8
+// saved activations for a module, at the end). y = nn::checkpoint(block, x) runs
 // block.forward(x) now and keeps only x (and the parameters) for the backward; the activations
 // inside block are recomputed when the backward needs them. Gradients are bit-identical to
 // block.forward(x)'s, dropout included (the recomputed mask reuses the original's random numbers).
@@ -17,6 +18,7 @@
 // wraps. Checkpointing one segment that covers the whole model saves nothing: it is all
 // recomputed at once. Under NoGradGuard, or in eager mode (KILN_LAZY=0), it is a plain forward.
 #pragma once
+#include "core/autograd.h"
 #include "memory/recompute.h"
 #include "nn/module.h"
 
@@ -26,6 +28,14 @@ inline Tensor checkpoint(Module& module, const Tensor& x) {
   // The function runs once, right here: kiln::checkpoint records it and copies its nodes for
   // the backward, so capturing by reference is safe.
   return kiln::checkpoint([&module](const Tensor& t) { return module.forward(t); }, x);
+}
+
+// block.forward(x) with the activations it saves for the backward kept as int8 (memory/compress.h),
+// whatever KILN_COMPRESS_ACTIVATIONS says: compression for one module, as checkpoint is
+// recomputation for one.
+inline Tensor compress_activations(Module& module, const Tensor& x) {
+  CompressActivationsGuard on(true);
+  return module.forward(x);
 }
 
 }  // namespace kiln::nn

@@ -202,6 +202,7 @@ struct Settings {
   int64_t tensor_parallel = 0;
   std::string trace_path;
   int quantize = 0;
+  std::string compress_activations = "none";
 };
 
 // --amp: the type autocast runs matmuls and convolutions in (float32 when "none").
@@ -209,26 +210,27 @@ static kiln::DType amp_dtype(const std::string& amp) {
   return amp == "bf16" ? kiln::DType::BFloat16 : amp == "fp16" ? kiln::DType::Float16 : kiln::DType::Float32;
 }
 
-// What the first step keeps for its backward under autocast, next to the same step in float32
-// (planned, not run: the float32 graph is built and dropped).
-static void print_saved(nn::Module& model, const Tensor& x, const Tensor& labels, const Tensor& loss) {
+// What the first step keeps for its backward under autocast or compression, next to the same
+// step in float32 without compression (planned, not run: that graph is built and dropped).
+static void print_saved(nn::Module& model, const Tensor& x, const Tensor& labels, const Tensor& loss, bool compressed) {
   std::vector<Tensor> params = model.parameters();
   kiln::jit::SavedForBackward low = kiln::jit::saved_for_backward(loss, params), wide;
   {
     kiln::AutocastGuard off(false);
+    kiln::CompressActivationsGuard uncompressed(false);
     wide = kiln::jit::saved_for_backward(nn::cross_entropy(model.forward(x), labels), params);
   }
   using kiln::memory::format_bytes;
-  fmt::print("saved for the backward: activations {} (float32: {}, {:.2f}x), weights {} (float32: {})\n",
-             format_bytes(low.activations), format_bytes(wide.activations),
+  fmt::print("saved for the backward: activations {} (float32{}: {}, {:.2f}x), the batch {}, weights {} (float32: {})\n",
+             format_bytes(low.activations), compressed ? ", uncompressed" : "", format_bytes(wide.activations),
              static_cast<double>(low.activations) / static_cast<double>(std::max<int64_t>(wide.activations, 1)),
-             format_bytes(low.weights), format_bytes(wide.weights));
+             format_bytes(low.inputs), format_bytes(low.weights), format_bytes(wide.weights));
 }
 
 static void fit(const Settings& settings, const data::Dataset& train_set, const data::Dataset& test) {
   const auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir,
                amp, seed, data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule, tensor_parallel,
-               trace_path, quantize] = settings;
+               trace_path, quantize, compress_activations] = settings;
   const kiln::Device run_on = device == "cuda" ? kiln::Device::cuda(0) : kiln::Device::cpu();
   namespace dist = kiln::distributed;
   const bool lead = dist::rank() == 0;  // the rank that prints and saves
@@ -294,10 +296,14 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
         if (accumulate > 1) x = x.slice(0, at, std::min(rows, at + micro)), labels = labels.slice(0, at, std::min(rows, at + micro));
         std::optional<kiln::AutocastGuard> autocast;  // none: KILN_AMP still applies
         if (amp != "none") autocast.emplace(amp_dtype(amp));  // matmuls and convolutions in bf16/fp16
+        std::optional<kiln::CompressActivationsGuard> compress;  // none: KILN_COMPRESS_ACTIVATIONS still applies
+        if (compress_activations == "int8") compress.emplace(true);
         Tensor logits = model.forward(x);
         Tensor part = nn::cross_entropy(logits, labels);
         Tensor hits = count_correct(logits, labels);
-        if (global_step == 0 && at == 0 && amp != "none" && lead) print_saved(model, x, labels, part);
+        const bool compressed = compress_activations == "int8" || kiln::flags().compress_activations == "int8";
+        if (global_step == 0 && at == 0 && (amp != "none" || compressed) && lead)
+          print_saved(model, x, labels, part, compressed);
         if (accumulate == 1) {
           loss = part, correct = hits;
           break;
@@ -470,7 +476,7 @@ int main(int argc, char** argv) {
   Settings s;
   auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir, amp, seed,
          data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule, tensor_parallel, trace_path,
-         quantize] = s;
+         quantize, compress_activations] = s;
   app.add_option("--epochs", epochs, "passes over the training set")->check(CLI::PositiveNumber);
   app.add_option("--max-steps", max_steps, "stop after this many steps in all (-1: no limit)");
   app.add_option("--batch", batch_size, "examples per step")->check(CLI::PositiveNumber);
@@ -502,6 +508,10 @@ int main(int argc, char** argv) {
                  "after training, compare the model in float32 and with every Linear quantized: 8 (int8) or 4 "
                  "(weight-only int4, groups of 32): accuracy, bytes, speed")
       ->check(CLI::IsMember({8, 4}));
+  app.add_option("--compress-activations", compress_activations,
+                 "keep what the backward reads of the forward as int8 (1-bit relu masks where that is all it reads): "
+                 "int8 or none")
+      ->check(CLI::IsMember({"int8", "none"}));
   app.add_option("--trace", trace_path,
                  "write steps 3 to 5 as a Chrome trace (one file per process under mpirun: FILE.rankN.json)");
   CLI11_PARSE(app, argc, argv);

@@ -338,11 +338,13 @@ TEST_CASE("saved_for_backward: what a step keeps for its backward halves under b
   jit::SavedForBackward wide = jit::saved_for_backward(cross_entropy(net.forward(x), y), net.params());
   // The input (256 x 48) and the hidden activation (256 x 32), float32, and the second weight
   // (the gradient of the hidden activation reads it; nothing needs the input's gradient).
-  CHECK(wide.activations >= (256 * 48 + 256 * 32) * 4);
+  CHECK(wide.inputs == 256 * 48 * 4 + 256 * 8);  // and the labels
+  CHECK(wide.activations >= 256 * 32 * 4);
   CHECK(wide.weights == 10 * 32 * 4);
   AutocastGuard amp(DType::BFloat16);
   jit::SavedForBackward low = jit::saved_for_backward(cross_entropy(net.forward(x), y), net.params());
-  CHECK(low.activations <= wide.activations * 0.55);
+  CHECK(low.inputs == 256 * 8);  // the labels: the backward reads the input's bf16 copy, an activation
+  CHECK(low.activations + low.inputs <= (wide.activations + wide.inputs) * 0.55);
   CHECK(low.weights == 10 * 32 * 2);  // its bf16 copy
   // Nothing ran: the parameters are still the realized leaves they were.
   for (const Tensor& p : net.params()) CHECK(p.is_realized());

@@ -79,30 +79,55 @@ Tensor dequantize(const Tensor& q, const Tensor& s, DType dtype) {
   return prim::cast(v, dtype);
 }
 
-// Bit weights 1, 2, 4, ... 128 along the last axis of (rows, 8).
-Tensor bit_weights(int64_t rows) {
-  Shape shape{rows, 8};
-  return prim::binary(Op::Pow, prim::full(shape, 2.0, DType::Float32), prim::iota(shape, 1, DType::Float32));
+// Masks are packed along the first axis whose extent 8 divides, split as (8, extent / 8): bit j
+// of a byte comes from the j-th eighth of that axis. Backward kernels loop over the mask's shape,
+// so the byte an element is in and its bit are affine in the inner loops (a leading axis is
+// best: the bit changes only with the outer loop). -1: no axis fits.
+int mask_axis(const Shape& shape) {
+  for (size_t a = 0; a < shape.size(); ++a)
+    if (shape[a] % 8 == 0) return static_cast<int>(a);
+  return -1;
 }
 
-// A bool tensor as bits, 8 to a byte (row-major, zero-padded to a multiple of 8).
-Tensor pack_bits(const Tensor& mask) {
-  const int64_t n = mask.numel(), rows = (n + 7) / 8;
-  Tensor flat = prim::reshape(prim::cast(mask, DType::Float32), {n});
-  if (rows * 8 != n) flat = prim::pad(flat, {0}, {rows * 8 - n});
-  Tensor weighted = prim::binary(Op::Mul, prim::reshape(flat, {rows, 8}), bit_weights(rows));
-  return prim::cast(prim::reshape(prim::reduce(Op::ReduceSum, weighted, {1}), {rows}), DType::UInt8);
+// `shape` with axis a split into (8, shape[a] / 8).
+Shape split_for_bits(const Shape& shape, int a) {
+  Shape split(shape.begin(), shape.begin() + a);
+  split.push_back(8);
+  split.push_back(shape[a] / 8);
+  split.insert(split.end(), shape.begin() + a + 1, shape.end());
+  return split;
 }
 
-Tensor unpack_bits(const Tensor& bits, const Shape& shape) {
-  const int64_t rows = bits.numel(), n = numel(shape);
-  Tensor bytes = prim::expand(prim::reshape(prim::cast(bits, DType::Float32), {rows, 1}), {rows, 8});
-  Tensor shifted = prim::unary(Op::Floor, prim::binary(Op::Div, bytes, bit_weights(rows)));
+// 2^(sign * j) along axis a of `shape` (extent 8), j the index there: a chain of selects, cheaper
+// per element than pow.
+Tensor powers_of_two(const Shape& shape, int a, double sign) {
+  Tensor j = prim::iota(shape, a, DType::Float32);
+  Tensor w = prim::full(shape, 1.0, DType::Float32);
+  for (int k = 1; k < 8; ++k)
+    w = prim::where(prim::binary(Op::Eq, j, constant(j, k)), constant(w, std::ldexp(1.0, static_cast<int>(sign) * k)), w);
+  return w;
+}
+
+// A bool tensor as bits, 8 to a byte, along axis a (mask_axis).
+Tensor pack_bits(const Tensor& mask, int a) {
+  const Shape split = split_for_bits(mask.shape(), a);
+  Shape packed = mask.shape();
+  packed[a] /= 8;
+  Tensor weighted = prim::binary(Op::Mul, prim::reshape(prim::cast(mask, DType::Float32), split), powers_of_two(split, a, 1));
+  return prim::cast(prim::reshape(prim::reduce(Op::ReduceSum, weighted, {a}), packed), DType::UInt8);
+}
+
+// The bits back as a bool tensor of `shape`; `inverse_weights` is powers_of_two(..., -1) over the
+// split shape with extent 1 on every axis but a.
+Tensor unpack_bits(const Tensor& bits, const Shape& shape, int a, const Tensor& inverse_weights) {
+  const Shape split = split_for_bits(shape, a);
+  Shape one = split;
+  one[a] = 1;
+  Tensor bytes = prim::expand(prim::reshape(prim::cast(bits, DType::Float32), one), split);
+  Tensor shifted = prim::unary(Op::Floor, prim::binary(Op::Mul, bytes, prim::expand(inverse_weights, split)));
   Tensor half = prim::unary(Op::Floor, prim::binary(Op::Mul, shifted, constant(shifted, 0.5)));
   Tensor bit = prim::binary(Op::Sub, shifted, prim::binary(Op::Mul, half, constant(half, 2.0)));
-  Tensor flat = prim::reshape(prim::binary(Op::Gt, bit, constant(bit, 0.5)), {rows * 8});
-  if (rows * 8 != n) flat = prim::slice(flat, {0}, {1}, {n});
-  return prim::reshape(flat, shape);
+  return prim::reshape(prim::binary(Op::Gt, bit, constant(bit, 0.5)), shape);
 }
 
 // A read of a saved value by the backward: input `slot` of `consumer`, which is the value itself
@@ -157,7 +182,8 @@ Compression compress_saved_activations(const std::vector<NodePtr>& nodes) {
     const NodePtr& x = nodes[p];
     Tensor value(x);
     Recording recording;
-    bool masks_only = true;
+    const int axis = mask_axis(x->shape);
+    bool masks_only = axis >= 0;  // else int8, whose signs keep such masks exact too
     for (const Read& read : reads[p]) masks_only &= compared_constant(read, x.get()) != nullptr;
     if (masks_only) {
       // Each comparison is taken in the forward and kept as bits.
@@ -168,10 +194,16 @@ Compression compress_saved_activations(const std::vector<NodePtr>& nodes) {
         Tensor constant_side(compare->inputs[1 - read.slot]);
         Tensor taken = read.slot == 0 ? prim::binary(compare->op, value, constant_side)
                                       : prim::binary(compare->op, constant_side, value);
-        Tensor bits = pack_bits(taken);
+        Tensor bits = pack_bits(taken, axis);
         recording.mark(bits, true, x->label);
         done.kept_bytes += static_cast<int64_t>(bits.node()->nbytes());
-        Tensor mask = unpack_bits(bits, x->shape);
+        // The 8 weights are stored (with the forward, 32 bytes): computed inline, the select chain
+        // would make the backward store a float per mask element instead.
+        Shape eight(x->shape.size() + 1, 1);
+        eight[axis] = 8;
+        Tensor inverse_weights = powers_of_two(eight, axis, -1);
+        recording.mark(inverse_weights, true, x->label);
+        Tensor mask = unpack_bits(bits, x->shape, axis, inverse_weights);
         recording.mark(mask, false, compare->label);
         unpacked.emplace(compare, mask);
       }

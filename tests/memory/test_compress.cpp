@@ -96,7 +96,7 @@ TEST_CASE("compressed activations: a relu output only max pooling reads is kept 
   // The relu output (float32) became one bit per element. (Also kept, either way: max
   // pooling's window offsets, a byte per output; and the input x, which w's gradient reads, an
   // input rather than an activation.)
-  CHECK(packed == wide - 2 * 3 * 8 * 8 * 4 + 2 * 3 * 8 * 8 / 8);
+  CHECK(packed == wide - 2 * 3 * 8 * 8 * 4 + 2 * 3 * 8 * 8 / 8 + 8 * 4);  // and the 8 bit weights
 }
 
 TEST_CASE("compressed activations follow the flag, the guard and nn::compress_activations", "[compress]") {

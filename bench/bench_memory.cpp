@@ -10,6 +10,8 @@
 //                          temporaries of the step) against its lower bound, the output bytes
 //                          (new parameters and the loss) and the pool's peak reserve;
 //   kiln, budget 0.5       the arena with KILN_MEMORY_BUDGET=0.5 (recomputation; --budget X);
+//   kiln, int8             the arena with KILN_COMPRESS_ACTIVATIONS=int8 (memory/compress.h) and
+//                          what the plan keeps compressed;
 //   kiln, pool none        peak allocated tensor bytes above what was held before the step, and
 //                          the step's peak RSS delta (the planner stays on: it has no switch);
 //   PyTorch                bytes autograd saves for backward (saved_tensors_hooks; unique
@@ -111,12 +113,14 @@ struct KilnFigures {
   std::string error;       // what kiln::Error said, if the step threw
 };
 
-// One configuration: the pool flag, the memory budget ("" = none) and where to write a trace.
-KilnFigures measure_kiln(const Model& m, kiln::MemoryPool pool, const std::string& budget,
+// One configuration: the pool flag, the memory budget ("" = none), compression of saved
+// activations and where to write a trace.
+KilnFigures measure_kiln(const Model& m, kiln::MemoryPool pool, const std::string& budget, bool compress,
                          const std::string& trace_path) {
   kiln::FlagsGuard guard;
   kiln::flags().memory_pool = pool;
   kiln::flags().memory_budget = budget;
+  kiln::flags().compress_activations = compress ? "int8" : "";
   kiln::manual_seed(1);
   std::vector<kiln::Tensor> params = make_mlp(m.widths);
   kiln::Tensor x = kiln::randn({m.batch, m.widths.front()}).realize();  // (B, in)
@@ -207,12 +211,13 @@ int main(int argc, char** argv) {
   for (const Model& m : all_models()) {
     if (models.find(m.name) == std::string::npos) continue;
     std::string trace_path = trace_prefix.empty() ? "" : fmt::format("{}_{}.json", trace_prefix, m.name);
-    KilnFigures planned = measure_kiln(m, kiln::MemoryPool::Pool, "", trace_path);
+    KilnFigures planned = measure_kiln(m, kiln::MemoryPool::Pool, "", false, trace_path);
     if (print_reports) fmt::print("{}\n", kiln::memory::report());
-    KilnFigures budgeted = measure_kiln(m, kiln::MemoryPool::Pool, budget, "");
-    KilnFigures plain = measure_kiln(m, kiln::MemoryPool::None, "", "");
-    if (!planned.error.empty() || !plain.error.empty()) {
-      fmt::print("model {}: kiln failed: {}{}\n", m.name, planned.error, plain.error);
+    KilnFigures budgeted = measure_kiln(m, kiln::MemoryPool::Pool, budget, false, "");
+    KilnFigures compressed = measure_kiln(m, kiln::MemoryPool::Pool, "", true, "");
+    KilnFigures plain = measure_kiln(m, kiln::MemoryPool::None, "", false, "");
+    if (!planned.error.empty() || !plain.error.empty() || !compressed.error.empty()) {
+      fmt::print("model {}: kiln failed: {}{}{}\n", m.name, planned.error, plain.error, compressed.error);
       return 1;
     }
     int64_t saved = -1, saved_act = -1, torch_rss = -1;
@@ -224,8 +229,9 @@ int main(int argc, char** argv) {
     }
     int64_t arena = planned.plan.arena_bytes;
     int64_t budget_arena = budgeted.error.empty() ? budgeted.plan.arena_bytes : -1;
-    rows.push_back(fmt::format("{:<6}{:>11}{:>11}{:>11}{:>11} |{:>11}{:>11}{:>11} |{:>9}{:>9}{:>9}", m.name,
-                               format_bytes(arena), opt(budget_arena), format_bytes(plain.peak_tensor_delta),
+    rows.push_back(fmt::format("{:<6}{:>11}{:>11}{:>11}{:>11}{:>11} |{:>11}{:>11}{:>11} |{:>9}{:>9}{:>9}", m.name,
+                               format_bytes(arena), opt(budget_arena), format_bytes(compressed.plan.arena_bytes),
+                               format_bytes(plain.peak_tensor_delta),
                                opt(plain.rss_delta), opt(saved), opt(saved_act), opt(torch_rss),
                                ratio(arena, saved_act), budget_arena >= 0 ? ratio(budget_arena, saved_act) : "-",
                                ratio(plain.peak_tensor_delta, torch_rss)));
@@ -248,6 +254,11 @@ int main(int argc, char** argv) {
                        budgeted.plan.kernels.size(), format_bytes(budgeted.peak_tensor_delta));
     else
       d += fmt::format("  kiln, KILN_MEMORY_BUDGET={}: {}\n", budget, budgeted.error);
+    d += fmt::format("  kiln, KILN_COMPRESS_ACTIVATIONS=int8: arena {} (lower bound {}), {} kernels; {} saved values "
+                     "compressed, {} kept as {}\n",
+                     format_bytes(compressed.plan.arena_bytes), format_bytes(compressed.plan.lower_bound),
+                     compressed.plan.kernels.size(), compressed.plan.compressed_values,
+                     format_bytes(compressed.plan.compressed_from), format_bytes(compressed.plan.compressed_to));
     d += fmt::format("  kiln, KILN_MEMORY_POOL=none: tensor bytes peak +{} above {}; peak RSS delta {}\n",
                      format_bytes(plain.peak_tensor_delta), format_bytes(plain.held_before), opt(plain.rss_delta));
     if (saved >= 0) {
@@ -271,8 +282,8 @@ int main(int argc, char** argv) {
     details.push_back(d);
   }
   for (const std::string& d : details) fmt::print("{}\n", d);
-  fmt::print("{:<6}{:>11}{:>11}{:>11}{:>11} |{:>11}{:>11}{:>11} |{:>9}{:>9}{:>9}\n", "model", "arena",
-             fmt::format("budget {}", budget), "none peak", "none RSS", "pt saved", "pt act", "pt RSS", "ar/act",
+  fmt::print("{:<6}{:>11}{:>11}{:>11}{:>11}{:>11} |{:>11}{:>11}{:>11} |{:>9}{:>9}{:>9}\n", "model", "arena",
+             fmt::format("budget {}", budget), "int8", "none peak", "none RSS", "pt saved", "pt act", "pt RSS", "ar/act",
              "bud/act", "none/RSS");
   for (const std::string& r : rows) fmt::print("{}\n", r);
   fmt::print(

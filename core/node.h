@@ -69,7 +69,8 @@ struct Node : std::enable_shared_from_this<Node> {
                                  // the executor may update in place when nothing else can see it
   std::weak_ptr<Var> var;      // for grad leaves: the variable whose .grad() accumulates
   // Recomputation: set on each output of a checkpoint segment; `recompute` marks a copy of a
-  // forward node made for the backward, which the executor computes as late as it can.
+  // forward node made for the backward (or the backward's reading of a compressed value), which
+  // the executor computes as late as it can.
   std::shared_ptr<const CheckpointSegment> segment;
   bool recompute = false;
   // Compression (memory/compress.h): `compress` marks a value recorded while it was on; the

@@ -45,6 +45,7 @@ class Recording {
       n->saved_copy = forward;
       n->requires_grad = forward;  // forward work, as the value it copies
       n->backward = !forward;
+      n->recompute = !forward;  // read back as late as the backward can: one float copy at a time
       n->compress = false;
       n->label = label;
       for (const NodePtr& in : n->inputs) stack.push_back(in.get());
@@ -158,8 +159,10 @@ Compression compress_saved_activations(const std::vector<NodePtr>& nodes) {
   std::vector<char> forward_use(nodes.size(), 0), recomputed(nodes.size(), 0);
   std::vector<std::vector<Read>> reads(nodes.size());
   for (const NodePtr& consumer : nodes) {
+    // A view is not a use; what reads it is, through it. (A backward view of x is made again over
+    // the reading, where it is read, so nothing is rewired twice.)
+    if (op_kind(consumer->op) == OpKind::Movement) continue;
     const bool backward = (consumer->backward || consumer->recompute) && !consumer->saved_copy;
-    if (!backward && op_kind(consumer->op) == OpKind::Movement) continue;  // a view, not a use
     for (size_t slot = 0; slot < consumer->inputs.size(); ++slot) {
       int p = index.of(consumer->inputs[slot].get());
       if (p < 0 || index.base[p] < 0) continue;

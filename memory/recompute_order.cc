@@ -70,7 +70,9 @@ void order_for_recompute(std::vector<NodePtr>& nodes) {
       unsatisfied[it->second]++;
     });
   std::vector<char> emitted(n, 0);
-  std::set<int> ready, freeing;  // by DFS position
+  // By DFS position. urgent: compressed copies of saved values (memory/compress.h), which let
+  // the full-width value go once its forward readers are done.
+  std::set<int> ready, freeing, urgent;
   auto frees = [&](int i) {
     for (int b : reads[i])
       if (emitted[b] && remaining[b] == 1) return true;
@@ -84,7 +86,8 @@ void order_for_recompute(std::vector<NodePtr>& nodes) {
       work.push_back(c);
     } else {
       ready.insert(c);
-      if (frees(c) || nodes[c]->saved_copy) freeing.insert(c);
+      if (nodes[c]->saved_copy) urgent.insert(c);
+      else if (frees(c)) freeing.insert(c);
     }
   };
   auto drain = [&] {  // lazy nodes whose inputs are all satisfied are satisfied too
@@ -103,10 +106,11 @@ void order_for_recompute(std::vector<NodePtr>& nodes) {
     order.push_back(j);
     ready.erase(j);
     freeing.erase(j);
+    urgent.erase(j);
     for (int b : reads[j])
       if (--remaining[b] == 1)
         for (int r : readers[b])
-          if (!emitted[r] && ready.count(r)) freeing.insert(r);
+          if (!emitted[r] && ready.count(r) && !urgent.count(r)) freeing.insert(r);
     if (!lazy[j]) satisfy(j);
     for (int u : unblocks[j]) release(u);
     drain();
@@ -136,7 +140,8 @@ void order_for_recompute(std::vector<NodePtr>& nodes) {
     if (lazy[i]) satisfy(i);
     else ready.insert(i);
   }
-  while (!ready.empty()) emit(!freeing.empty() ? *freeing.begin() : *ready.begin());
+  while (!ready.empty())
+    emit(!urgent.empty() ? *urgent.begin() : !freeing.empty() ? *freeing.begin() : *ready.begin());
   for (int i = 0; i < n; ++i)
     if (!emitted[i]) emit(i);  // lazy outputs nothing else reads
   KILN_CHECK(static_cast<int>(order.size()) == n, "jit", "internal: reordering lost {} of {} nodes",

@@ -1,12 +1,15 @@
 // Dynamic int8 Linear against the float32 one, same run: 768 -> 3072 and 3072 -> 768 at batch 1,
 // 8, 32 and 128 (the MLP of a BERT-base block), under NoGradGuard, medians of --runs forwards
-// (each realized). Prints the oneDNN implementation the int8 matmul runs.
+// (each realized). int8: the plain (K, N) weight, which oneDNN repacks on each call; packed: the
+// weight laid out once for this CPU (prim::pack_quantized_weight; what nn::Linear runs after
+// quantize_dynamic). Prints the oneDNN implementation the int8 matmul runs.
 //
 //   ./build/bench/bench_quantize [--runs 200]
 #include <kiln/kiln.h>
 
 #include "backends/cpu/matmul_onednn.h"
 #include "bench/bench_util.h"
+#include "ops/primitive.h"
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -21,11 +24,14 @@ int main(int argc, char** argv) {
   try {
     NoGradGuard no_grad;
     fmt::print("int8 matmul: {}\n", cpu::onednn_quantized_matmul_impl(32, 768, 3072));
-    fmt::print("{:>14} {:>6} {:>12} {:>12} {:>8}\n", "layer", "batch", "float32 us", "int8 us", "speed-up");
+    fmt::print("{:>14} {:>6} {:>12} {:>12} {:>12} {:>8}\n", "layer", "batch", "float32 us", "int8 us", "packed us",
+               "speed-up");
     for (auto [in, out] : {std::pair<int64_t, int64_t>{768, 3072}, {3072, 768}}) {
       manual_seed(1);
       nn::Linear fc(in, out);
       const nn::QuantizedWeight q = nn::quantize_per_channel(fc.weight);
+      nn::QuantizedWeight packed = q;
+      packed.packed = prim::pack_quantized_weight(q.values);
       for (int64_t batch : {1, 8, 32, 128}) {
         Tensor x = randn({batch, in}).realize();
         auto time = [&](auto forward) {
@@ -40,7 +46,9 @@ int main(int argc, char** argv) {
         };
         const double f32 = time([&] { return fc.forward(x); });
         const double i8 = time([&] { return nn::quantized_linear(x, q, fc.bias); });
-        fmt::print("{:>14} {:>6} {:>12.1f} {:>12.1f} {:>7.2f}x\n", fmt::format("{}->{}", in, out), batch, f32, i8, f32 / i8);
+        const double i8p = time([&] { return nn::quantized_linear(x, packed, fc.bias); });
+        fmt::print("{:>14} {:>6} {:>12.1f} {:>12.1f} {:>12.1f} {:>7.2f}x\n", fmt::format("{}->{}", in, out), batch, f32,
+                   i8, i8p, f32 / i8p);
       }
     }
   } catch (const Error& e) {

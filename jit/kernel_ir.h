@@ -71,11 +71,12 @@ struct MatmulCall {
   int64_t batch = 0, M = 0, K = 0, N = 0;
 };
 
-// a @ b summed in int32, both contiguous buffers: a (M, K) int8, b (K, N) int8; the output (M, N)
-// float32.
+// a @ b summed in int32, both contiguous buffers: a (M, K) int8, b (K, N) int8 (or, b_packed, the
+// bytes of prim::pack_quantized_weight); the output (M, N) float32.
 struct QuantizedMatmulCall {
   int a_buffer = -1, b_buffer = -1;  // kernel buffers
   int64_t M = 0, K = 0, N = 0;
+  bool b_packed = false;
 };
 
 // Both operands are contiguous buffers in the layouts of ops/conv_geometry.h.

@@ -441,8 +441,9 @@ Kernel build_quantized_matmul(Lowerer& s, const Node* node, int slot) {
   q.M = node->shape[0];
   q.K = node->inputs[0]->shape[1];
   q.N = node->shape[1];
+  q.b_packed = !node->ints.empty();  // prim::quantized_matmul_packed
   k.out_numel = node->numel();
-  k.summary = fmt::format("QuantizedMatmul int8 [{}, {}, {}]", q.M, q.K, q.N);
+  k.summary = fmt::format("QuantizedMatmul int8 [{}, {}, {}]{}", q.M, q.K, q.N, q.b_packed ? " packed" : "");
   return k;
 }
 

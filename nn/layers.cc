@@ -2,6 +2,7 @@
 #include "nn/layers.h"
 
 #include "nn/quantize.h"
+#include "ops/primitive.h"
 
 #include <cmath>
 
@@ -39,7 +40,7 @@ Tensor Linear::forward(const Tensor& x) {
     if (name == "weight_int4") int4 = b;
     if (name == "weight_scale") scales = b;
   }
-  if (int8.defined()) return quantized_linear(x, QuantizedWeight{int8, scales}, bias);
+  if (int8.defined()) return quantized_linear(x, QuantizedWeight{int8, scales, packed_int8(int8)}, bias);
   if (int4.defined()) return int4_linear(x, Int4Weight{int4, scales, options_.in_features()}, bias);
   // KILN_QUANTIZE=1: without gradients (NoGradGuard, or nothing requires one), the int8 path,
   // the weight quantized once per value it takes.
@@ -55,9 +56,16 @@ Tensor Linear::forward(const Tensor& x) {
       }
     }
     if (bits == 4) return int4_linear(x, Int4Weight{quantized_->values, quantized_->scales, options_.in_features()}, bias);
-    return quantized_linear(x, QuantizedWeight{quantized_->values, quantized_->scales}, bias);
+    return quantized_linear(x, QuantizedWeight{quantized_->values, quantized_->scales, packed_int8(quantized_->values)},
+                            bias);
   }
   return linear(x, weight, bias);
+}
+
+Tensor Linear::packed_int8(const Tensor& values) {
+  if (!values.device().is_cpu()) return {};  // a device dequantizes instead
+  if (packed_->of.lock() != values.node()) *packed_ = {values.node(), prim::pack_quantized_weight(values)};
+  return packed_->packed;
 }
 
 Dropout::Dropout(double p) : Module("Dropout"), p_(p) {

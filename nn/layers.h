@@ -49,6 +49,14 @@ class Linear : public Module {
     Tensor values, scales;
   };
   std::shared_ptr<QuantizedCache> quantized_ = std::make_shared<QuantizedCache>();
+  // The int8 weight (a buffer of nn::quantize_dynamic, or the cache above) laid out for this
+  // CPU's int8 matmul, made once per value it takes; not a buffer: it is not saved.
+  struct PackedCache {
+    std::weak_ptr<Node> of;
+    Tensor packed;
+  };
+  std::shared_ptr<PackedCache> packed_ = std::make_shared<PackedCache>();
+  Tensor packed_int8(const Tensor& values);
 };
 
 // Zeroes each element with probability p and scales the rest by 1/(1-p) while training;

@@ -67,7 +67,8 @@ Tensor quantized_linear(const Tensor& x, const QuantizedWeight& w, const Tensor&
   // NaN (or an infinity) anywhere in x makes every output NaN instead of a silently wrong number.
   const Tensor poison = (x2 - x2).sum();
   // The scales, the NaN guard and the bias fuse into one kernel after the int8 matmul.
-  Tensor y = prim::quantized_matmul(q, w.values) * (scale * w.scales) + poison;
+  const Tensor product = w.packed.defined() ? prim::quantized_matmul_packed(q, w.packed, N) : prim::quantized_matmul(q, w.values);
+  Tensor y = product * (scale * w.scales) + poison;
   if (bias.defined()) y = y + cast(bias, DType::Float32);
   return cast(y.reshape(out_shape), x.dtype());
 }

@@ -42,6 +42,10 @@ struct QuantizeOptions {
 struct QuantizedWeight {
   Tensor values;  // (in, out) int8
   Tensor scales;  // (out) float32
+  // Optional: values laid out for this CPU's int8 matmul (prim::pack_quantized_weight), which
+  // quantized_linear then reads instead of repacking values on each call. nn::Linear makes and
+  // keeps it; not saved (the layout depends on the CPU).
+  Tensor packed;
 };
 QuantizedWeight quantize_per_channel(const Tensor& weight);
 Tensor dequantize(const QuantizedWeight& w);  // (out, in) float32

@@ -352,5 +352,4 @@ ConvGeometry conv_geometry(const Node& n) {
   }
 }
 
-
 }  // namespace kiln::prim

@@ -66,6 +66,12 @@ Tensor recv(const Shape& shape, DType dtype, int64_t from, int64_t tag, Device d
 // a @ b summed in int32, as float32: a (M, K) int8, b (K, N) int8 -> (M, N). Host only; no
 // gradient (an Error).
 Tensor quantized_matmul(const Tensor& a, const Tensor& b);
+// b (K, N) int8 on the host, laid out once in the blocked layout this CPU's int8 matmul reads
+// (oneDNN's choice): a uint8 byte array for quantized_matmul_packed, which then skips repacking b
+// on every call (3-5x faster at small batches). Undefined when that layout is the plain one. Not
+// portable between CPUs: save b, pack after loading.
+Tensor pack_quantized_weight(const Tensor& b);
+Tensor quantized_matmul_packed(const Tensor& a, const Tensor& packed, int64_t N);
 
 // 2-D convolution and its two adjoints over contiguous NCHW data, weight (OC, C / groups, KH, KW).
 // conv = {stride h, w, padding h, w, dilation h, w, groups}; shapes are checked by the caller

@@ -64,7 +64,7 @@ void run_onednn(const jit::Kernel& k, void* const* ptrs) {
     const jit::QuantizedMatmulCall& q = k.quantized;
     auto at = [&](int buffer) { return ptrs[k.buffers[static_cast<size_t>(buffer)].slot]; };
     onednn_quantized_matmul(at(q.a_buffer), at(q.b_buffer), static_cast<float*>(ptrs[k.buffers[0].slot]), q.M, q.K,
-                            q.N);
+                            q.N, q.b_packed);
     return;
   }
   const jit::LibraryOperands op = jit::library_operands(k, ptrs);

@@ -212,19 +212,37 @@ struct QuantizedPlan {
   memory::desc a_desc, b_desc, c_desc;
 };
 
-LastingCache<std::array<int64_t, 3>, QuantizedPlan>& quantized_cache() {
-  static auto& cache = *new LastingCache<std::array<int64_t, 3>, QuantizedPlan>;
+// The weight layout oneDNN picks for (K, N) int8 weights when asked (format_tag::any), per
+// shape; the same for every batch size here, so one packed copy serves all of them (the matmul
+// for another batch size is created with this layout, not asked again).
+LastingCache<std::array<int64_t, 2>, memory::desc>& packed_layouts() {
+  static auto& cache = *new LastingCache<std::array<int64_t, 2>, memory::desc>;
+  return cache;
+}
+
+const memory::desc& packed_layout(int64_t K, int64_t N) {
+  return packed_layouts().get_or_create({K, N}, [&] {
+    constexpr int64_t kTypicalBatch = 16;
+    memory::desc a({kTypicalBatch, K}, memory::data_type::s8, {K, 1});
+    memory::desc b({K, N}, memory::data_type::s8, memory::format_tag::any);
+    memory::desc c({kTypicalBatch, N}, memory::data_type::f32, {N, 1});
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), onednn_runtime().engine).weights_desc();
+  });
+}
+
+LastingCache<std::array<int64_t, 4>, QuantizedPlan>& quantized_cache() {
+  static auto& cache = *new LastingCache<std::array<int64_t, 4>, QuantizedPlan>;
   return cache;
 }
 
 // int8 x int8 -> float32 (the int32 sums converted) with no attributes: oneDNN 2.6 runs that on
 // its brgemm kernels (AMX or VNNI), while runtime output scales or a source zero point send it to
 // a gemm that is 2-4x slower; the scales are applied by the JIT kernel that adds the bias.
-QuantizedPlan make_quantized_plan(int64_t M, int64_t K, int64_t N) {
+QuantizedPlan make_quantized_plan(int64_t M, int64_t K, int64_t N, bool b_packed) {
   OnednnRuntime& rt = onednn_runtime();
   QuantizedPlan plan;
   plan.a_desc = memory::desc({M, K}, memory::data_type::s8, {K, 1});
-  plan.b_desc = memory::desc({K, N}, memory::data_type::s8, {N, 1});
+  plan.b_desc = b_packed ? packed_layout(K, N) : memory::desc({K, N}, memory::data_type::s8, {N, 1});
   plan.c_desc = memory::desc({M, N}, memory::data_type::f32, {N, 1});
   plan.primitive = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(plan.a_desc, plan.b_desc, plan.c_desc), rt.engine));
   return plan;
@@ -232,7 +250,30 @@ QuantizedPlan make_quantized_plan(int64_t M, int64_t K, int64_t N) {
 
 }  // namespace
 
-void onednn_quantized_matmul(const void* a, const void* b, float* c, int64_t M, int64_t K, int64_t N) {
+int64_t onednn_packed_int8_weight_bytes(int64_t K, int64_t N) {
+  try {
+    const memory::desc& packed = packed_layout(K, N);
+    if (packed == memory::desc({K, N}, memory::data_type::s8, {N, 1})) return 0;
+    return static_cast<int64_t>(packed.get_size());
+  } catch (const dnnl::error& e) {
+    KILN_FAIL("quantized_matmul", "oneDNN failed to pick an int8 weight layout for ({}, {}): {}", K, N, e.what());
+  }
+}
+
+void onednn_pack_int8_weight(const void* plain, void* packed, int64_t K, int64_t N) {
+  OnednnRuntime& rt = onednn_runtime();
+  try {
+    memory from(memory::desc({K, N}, memory::data_type::s8, {N, 1}), rt.engine, const_cast<void*>(plain));
+    memory to(packed_layout(K, N), rt.engine, packed);
+    std::lock_guard<std::mutex> lock(rt.stream_mutex);
+    dnnl::reorder(from, to).execute(rt.stream, from, to);
+    rt.stream.wait();
+  } catch (const dnnl::error& e) {
+    KILN_FAIL("quantized_matmul", "oneDNN failed to pack an int8 ({}, {}) weight: {}", K, N, e.what());
+  }
+}
+
+void onednn_quantized_matmul(const void* a, const void* b, float* c, int64_t M, int64_t K, int64_t N, bool b_packed) {
   KILN_CHECK(M >= 0 && K >= 0 && N >= 0, "quantized_matmul", "negative size in ({}, {}) x ({}, {})", M, K, K, N);
   if (M == 0 || N == 0) return;
   if (K == 0) {
@@ -241,7 +282,8 @@ void onednn_quantized_matmul(const void* a, const void* b, float* c, int64_t M, 
   }
   OnednnRuntime& rt = onednn_runtime();
   try {
-    const QuantizedPlan& plan = quantized_cache().get_or_create({M, K, N}, [&] { return make_quantized_plan(M, K, N); });
+    const QuantizedPlan& plan =
+        quantized_cache().get_or_create({M, K, N, b_packed}, [&] { return make_quantized_plan(M, K, N, b_packed); });
     memory a_mem(plan.a_desc, rt.engine, const_cast<void*>(a));
     memory b_mem(plan.b_desc, rt.engine, const_cast<void*>(b));
     memory c_mem(plan.c_desc, rt.engine, c);
@@ -250,13 +292,13 @@ void onednn_quantized_matmul(const void* a, const void* b, float* c, int64_t M, 
     plan.primitive.execute(rt.stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
     rt.stream.wait();
   } catch (const dnnl::error& e) {
-    KILN_FAIL("quantized_matmul", "oneDNN failed: {} (status {}); int8 ({}, {}) x int8 ({}, {})", e.what(),
-              static_cast<int>(e.status), M, K, K, N);
+    KILN_FAIL("quantized_matmul", "oneDNN failed: {} (status {}); int8 ({}, {}) x int8 ({}, {}){}", e.what(),
+              static_cast<int>(e.status), M, K, K, N, b_packed ? " packed" : "");
   }
 }
 
 std::string onednn_quantized_matmul_impl(int64_t M, int64_t K, int64_t N) {
-  const QuantizedPlan& plan = quantized_cache().get_or_create({M, K, N}, [&] { return make_quantized_plan(M, K, N); });
+  const QuantizedPlan& plan = quantized_cache().get_or_create({M, K, N, 0}, [&] { return make_quantized_plan(M, K, N, false); });
   const char* impl = nullptr;
   dnnl_primitive_desc_query(plan.primitive.get_primitive_desc(), dnnl_query_impl_info_str, 0, &impl);
   return impl ? impl : "";

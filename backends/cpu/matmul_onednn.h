@@ -35,8 +35,15 @@ namespace kiln::cpu {
 
 // C = A @ B summed in int32, as float32: the int8 matmul of a dynamically quantized Linear.
 //   a: (M, K) int8, contiguous; b: (K, N) int8, contiguous (the weight, transposed once); c: (M, N)
-// AVX-512 VNNI or AMX where the CPU has them. Throws kiln::Error on failure.
-void onednn_quantized_matmul(const void* a, const void* b, float* c, int64_t M, int64_t K, int64_t N);
+// AVX-512 VNNI or AMX where the CPU has them. Throws kiln::Error on failure. With b_packed, b is
+// the weight as onednn_pack_int8_weight laid it out: no repacking on each call.
+void onednn_quantized_matmul(const void* a, const void* b, float* c, int64_t M, int64_t K, int64_t N,
+                             bool b_packed = false);
+// The bytes of a (K, N) int8 weight in the blocked layout oneDNN's int8 matmul reads on this CPU,
+// or 0 when that layout is the plain one (nothing to gain by packing).
+int64_t onednn_packed_int8_weight_bytes(int64_t K, int64_t N);
+// Lays a plain (K, N) int8 weight out in that layout, into `packed` (that many bytes).
+void onednn_pack_int8_weight(const void* plain, void* packed, int64_t K, int64_t N);
 // The oneDNN implementation that runs (M, K) x (K, N) int8 here, e.g. "brg:avx512_core_vnni".
 std::string onednn_quantized_matmul_impl(int64_t M, int64_t K, int64_t N);
 

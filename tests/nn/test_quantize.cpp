@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 #include <kiln/kiln.h>
 
+#include "ops/primitive.h"
+
 #include <cmath>
 #include <filesystem>
 #include <unistd.h>
@@ -19,10 +21,11 @@ double sqnr_db(const Tensor& want, const Tensor& got) {
   return 10 * std::log10(signal / std::max(noise, 1e-300));
 }
 
-// Kernels of the last plan that are oneDNN's int8 matmul.
-int int8_kernels() {
+// Kernels of the last plan that are oneDNN's int8 matmul (with `tag` in the summary).
+int int8_kernels(const std::string& tag = "") {
   int n = 0;
-  for (const std::string& k : memory::last_plan()->kernels) n += k.find("QuantizedMatmul int8") != std::string::npos;
+  for (const std::string& k : memory::last_plan()->kernels)
+    n += k.find("QuantizedMatmul int8") != std::string::npos && k.find(tag) != std::string::npos;
   return n;
 }
 
@@ -70,6 +73,33 @@ TEST_CASE("an int8 Linear is within 35 dB of the float one, and its kernel is on
   Tensor y3 = nn::quantized_linear(x3, nn::quantize_per_channel(fc.weight), fc.bias);
   CHECK(y3.shape() == Shape{2, 3, 96});
   CHECK(y3.dtype() == DType::Float64);
+}
+
+TEST_CASE("a packed int8 weight gives the plain weight's products at every batch; Linear packs its own",
+          "[quantize]") {
+  manual_seed(4);
+  const Device host = Device::cpu();
+  const Tensor values = nn::quantize_per_channel((randn({96, 64}) * 0.2).to(host)).values.realize();  // (64, 96)
+  const Tensor packed = prim::pack_quantized_weight(values);
+  if (packed.defined()) {  // else this CPU's int8 matmul reads the plain layout: nothing to pack
+    for (int64_t M : {1, 7, 33}) {
+      const Tensor a = cast(clamp(floor(randn({M, 64}) * 40.0), -127, 127), DType::Int8).to(host).realize();
+      CHECK(prim::quantized_matmul_packed(a, packed, 96).to_vector<float>() ==
+            prim::quantized_matmul(a, values).to_vector<float>());
+    }
+    const Tensor a = zeros({2, 64}, DType::Int8).to(host);
+    CHECK_THROWS_WITH(prim::quantized_matmul_packed(a, packed, 300), Catch::Contains("pack_quantized_weight"));
+  }
+  CHECK_THROWS_WITH(prim::pack_quantized_weight(values.cast(DType::Float32)), Catch::Contains("int8 (K, N)"));
+  // nn::Linear after quantize_dynamic reads the packed copy, and keeps it across calls.
+  Mlp net;
+  net.to(host);
+  nn::quantize_dynamic(net);
+  NoGradGuard no_grad;
+  Tensor x = randn({4, 64}).to(host);
+  std::vector<float> first = net.forward(x).to_vector<float>();
+  CHECK(int8_kernels(packed.defined() ? "packed" : "") == 2);
+  CHECK(net.forward(x).to_vector<float>() == first);
 }
 
 TEST_CASE("an int8 Linear maps zero input to its bias and NaN input to NaN", "[quantize]") {

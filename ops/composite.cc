@@ -8,6 +8,29 @@ namespace kiln {
 
 Tensor relu(const Tensor& x) { return maximum(x, scalar_like(0.0, x)); }
 
+Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
+  KILN_CHECK(mask.dtype() == DType::Bool, "masked_fill", "the mask must be bool, got {} (filling {})", mask.str(),
+             a.str());
+  KILN_CHECK(broadcast_shapes(mask.shape(), a.shape(), "masked_fill") == a.shape(), "masked_fill",
+             "the mask {} does not broadcast to the filled tensor's shape {}", shape_str(mask.shape()),
+             shape_str(a.shape()));
+  return where(mask, scalar(value, a.dtype()), a);  // value in a's dtype, as PyTorch
+}
+
+namespace {
+// Where j - i <= diagonal (lower) or >= diagonal (upper) over the last two dims of a.
+Tensor triangle(const Tensor& a, int64_t diagonal, bool lower, const char* name) {
+  KILN_CHECK(a.dim() >= 2, name, "needs at least 2 dims, got {}", a.str());
+  const Shape square{a.size(-2), a.size(-1)};
+  const Tensor offset = iota(square, 1, DType::Int64) - iota(square, 0, DType::Int64);  // j - i
+  const Tensor k = scalar(static_cast<double>(diagonal), DType::Int64);
+  return where(lower ? le(offset, k) : ge(offset, k), a, zeros_like(a));
+}
+}  // namespace
+
+Tensor tril(const Tensor& a, int64_t diagonal) { return triangle(a, diagonal, true, "tril"); }
+Tensor triu(const Tensor& a, int64_t diagonal) { return triangle(a, diagonal, false, "triu"); }
+
 Tensor gelu(const Tensor& x, bool tanh_approximation) {
   AutocastScope amp("gelu");
   if (tanh_approximation) {

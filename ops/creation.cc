@@ -1,5 +1,7 @@
 // Tensors made from values: constants, index ramps, random numbers and host data.
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 
 #include "core/autograd.h"
@@ -64,6 +66,37 @@ Tensor iota(Shape shape, int64_t axis, DType dtype) {
 Tensor arange(int64_t n, DType dtype) { return iota({n}, 0, dtype); }
 Tensor rand(Shape shape, DType dtype) { return prim::rand(Op::RandUniform, std::move(shape), dtype); }
 Tensor randn(Shape shape, DType dtype) { return prim::rand(Op::RandNormal, std::move(shape), dtype); }
+
+Tensor multinomial(const Tensor& probs, int64_t samples) {
+  KILN_CHECK((probs.dim() == 1 || probs.dim() == 2) && is_floating(probs.dtype()) && probs.size(-1) > 0, "multinomial",
+             "needs floating-point weights (V) or (R, V) with V >= 1, got {}", probs.str());
+  KILN_CHECK(samples >= 1, "multinomial", "samples must be at least 1, got {}", samples);
+  const int64_t v = probs.size(-1), rows = probs.numel() / v;
+  const std::vector<double> p = probs.to_doubles();
+  const std::vector<double> u = rand({rows, samples}, DType::Float64).to_doubles();
+  std::vector<int64_t> picked(static_cast<size_t>(rows * samples));
+  std::vector<double> cumulative(static_cast<size_t>(v));
+  for (int64_t r = 0; r < rows; ++r) {
+    double total = 0;
+    for (int64_t j = 0; j < v; ++j) {
+      const double w = p[static_cast<size_t>(r * v + j)];
+      KILN_CHECK(std::isfinite(w) && w >= 0, "multinomial", "row {} of {} has weight {} at index {}; weights must be "
+                 "finite and non-negative", r, probs.str(), w, j);
+      cumulative[static_cast<size_t>(j)] = total += w;
+    }
+    KILN_CHECK(total > 0, "multinomial", "row {} of {} sums to 0: nothing to draw", r, probs.str());
+    for (int64_t s = 0; s < samples; ++s) {
+      const double target = u[static_cast<size_t>(r * samples + s)] * total;
+      // The first index whose cumulative weight passes the draw (never one of weight 0).
+      auto it = std::upper_bound(cumulative.begin(), cumulative.end(), target);
+      int64_t j = std::min<int64_t>(it - cumulative.begin(), v - 1);
+      while (j > 0 && p[static_cast<size_t>(r * v + j)] == 0) --j;
+      picked[static_cast<size_t>(r * samples + s)] = j;
+    }
+  }
+  Shape shape = probs.dim() == 1 ? Shape{samples} : Shape{rows, samples};
+  return from_vector<int64_t>(picked, shape).to(probs.device());
+}
 
 namespace {
 Tensor realized_from_bytes(const void* bytes, DType dtype, Shape shape) {

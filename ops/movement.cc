@@ -111,6 +111,23 @@ Tensor concat(const std::vector<Tensor>& tensors, int64_t axis) {
   return out;
 }
 
+std::vector<Tensor> split(const Tensor& a, int64_t size, int64_t axis) {
+  const int ax = normalize_axis(axis, a.dim(), "split");
+  KILN_CHECK(size > 0, "split", "piece size must be positive, got {} (tensor {})", size, a.str());
+  std::vector<Tensor> pieces;
+  const int64_t extent = a.shape()[ax];
+  for (int64_t start = 0; start < extent; start += size) pieces.push_back(slice(a, ax, start, std::min(extent, start + size)));
+  if (pieces.empty()) pieces.push_back(a);  // an empty axis: one empty piece, as torch.split
+  return pieces;
+}
+
+std::vector<Tensor> chunk(const Tensor& a, int64_t chunks, int64_t axis) {
+  const int ax = normalize_axis(axis, a.dim(), "chunk");
+  KILN_CHECK(chunks > 0, "chunk", "number of chunks must be positive, got {} (tensor {})", chunks, a.str());
+  const int64_t extent = a.shape()[ax];
+  return split(a, std::max<int64_t>(1, (extent + chunks - 1) / chunks), ax);
+}
+
 Tensor unsqueeze(const Tensor& a, int64_t axis) {
   int ax = normalize_axis(axis, a.dim() + 1, "unsqueeze");
   Shape s = a.shape();

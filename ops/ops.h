@@ -27,6 +27,10 @@ Tensor arange(int64_t n, DType dtype = DType::Int64);
 // running offset make every call distinct and every run with the same seed identical.
 Tensor rand(Shape shape, DType dtype = DType::Float32);   // uniform [0, 1)
 Tensor randn(Shape shape, DType dtype = DType::Float32);  // standard normal
+// `samples` indices drawn with replacement from each row of probs (V) or (R, V), each index with
+// probability proportional to its weight (non-negative, finite, a positive sum per row):
+// int64 (samples) or (R, samples). Uses the seeded generator (manual_seed), drawn on the host.
+Tensor multinomial(const Tensor& probs, int64_t samples = 1);
 void manual_seed(uint64_t seed);
 // Copies host data into a new realized tensor.
 template <typename T> Tensor from_vector(const std::vector<T>& values, Shape shape);
@@ -68,6 +72,12 @@ Tensor ne(const Tensor& a, const Tensor& b);
 Tensor logical_and(const Tensor& a, const Tensor& b);
 Tensor logical_or(const Tensor& a, const Tensor& b);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// `value` where the bool mask (broadcast to a's shape) is true, a elsewhere.
+Tensor masked_fill(const Tensor& a, const Tensor& mask, double value);
+// The lower (tril) or upper (triu) triangle of the last two dims, the rest zero: element (i, j)
+// is kept when j - i <= diagonal (tril) or j - i >= diagonal (triu), as in PyTorch.
+Tensor tril(const Tensor& a, int64_t diagonal = 0);
+Tensor triu(const Tensor& a, int64_t diagonal = 0);
 Tensor clamp(const Tensor& a, double lo, double hi);
 
 // A plain number as an operand takes the tensor's dtype (float32 if the tensor is integral and
@@ -104,6 +114,11 @@ Tensor slice(const Tensor& a, int64_t axis, int64_t start, int64_t stop, int64_t
 // pads[i] = {before, after} for axis i (missing trailing axes: no padding); pads with zeros.
 Tensor pad(const Tensor& a, std::vector<std::pair<int64_t, int64_t>> pads);
 Tensor concat(const std::vector<Tensor>& tensors, int64_t axis = 0);
+// Pieces of `size` along axis (the last one shorter when size does not divide it), as
+// torch.split; chunk: `chunks` pieces of ceil(extent / chunks) (fewer when that covers it).
+// Views: no data moves.
+std::vector<Tensor> split(const Tensor& a, int64_t size, int64_t axis = 0);
+std::vector<Tensor> chunk(const Tensor& a, int64_t chunks, int64_t axis = 0);
 Tensor unsqueeze(const Tensor& a, int64_t axis);
 Tensor squeeze(const Tensor& a, int64_t axis);
 Tensor flatten(const Tensor& a, int64_t start = 0, int64_t end = -1);

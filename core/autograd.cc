@@ -106,7 +106,8 @@ Backward backpropagate(const Tensor& output, const Tensor& grad_output, bool ret
 
 bool grad_enabled() { return g_grad_enabled; }
 bool recording_backward() { return g_recording_backward; }
-bool compressing_activations() { return g_compress >= 0 ? g_compress == 1 : flags().compress_activations == "int8"; }
+// Runs for every node recorded: the flag's only accepted values are "" and "int8".
+bool compressing_activations() { return g_compress >= 0 ? g_compress == 1 : !flags().compress_activations.empty(); }
 CompressActivationsGuard::CompressActivationsGuard(bool on) : previous_(g_compress) { g_compress = on ? 1 : 0; }
 CompressActivationsGuard::~CompressActivationsGuard() { g_compress = previous_; }
 NoGradGuard::NoGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = false; }

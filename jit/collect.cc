@@ -107,7 +107,17 @@ void order_as_recorded(std::vector<NodePtr>& nodes) {
     }
     return node.nbytes() <= freed;
   };
-  auto later = [&](int a, int b) { return nodes[a]->id > nodes[b]->id; };
+  // Recording order, except that a value made for the backward after the fact (a recomputed copy,
+  // the reading of a compressed value: memory/compress.h) takes its first reader's place, not
+  // its own late id: otherwise the backward work that reads it would wait for every later
+  // message of the step.
+  std::vector<uint64_t> rank(n);
+  for (size_t i = n; i-- > 0;) {
+    rank[i] = nodes[i]->id;
+    if (nodes[i]->recompute)
+      for (int r : readers[i]) rank[i] = std::min(rank[i], rank[static_cast<size_t>(r)]);
+  }
+  auto later = [&](int a, int b) { return rank[a] > rank[b]; };
   std::priority_queue<int, std::vector<int>, decltype(later)> ready(later);
   std::vector<int> now;  // ready nodes that free memory: before anything else
   auto make_ready = [&](int i) {

@@ -101,12 +101,12 @@ Shape split_for_bits(const Shape& shape, int a) {
 
 // 2^(sign * j) along axis a of `shape` (extent 8), j the index there: a chain of selects, cheaper
 // per element than pow.
-Tensor powers_of_two(const Shape& shape, int a, double sign) {
+Tensor powers_of_two(const Shape& shape, int a, double sign, Device device) {
   Tensor j = prim::iota(shape, a, DType::Float32);
   Tensor w = prim::full(shape, 1.0, DType::Float32);
   for (int k = 1; k < 8; ++k)
     w = prim::where(prim::binary(Op::Eq, j, constant(j, k)), constant(w, std::ldexp(1.0, static_cast<int>(sign) * k)), w);
-  return w;
+  return prim::follow(w, device);
 }
 
 // A bool tensor as bits, 8 to a byte, along axis a (mask_axis).
@@ -114,7 +114,8 @@ Tensor pack_bits(const Tensor& mask, int a) {
   const Shape split = split_for_bits(mask.shape(), a);
   Shape packed = mask.shape();
   packed[a] /= 8;
-  Tensor weighted = prim::binary(Op::Mul, prim::reshape(prim::cast(mask, DType::Float32), split), powers_of_two(split, a, 1));
+  Tensor weighted = prim::binary(Op::Mul, prim::reshape(prim::cast(mask, DType::Float32), split),
+                                 powers_of_two(split, a, 1, mask.device()));
   return prim::cast(prim::reshape(prim::reduce(Op::ReduceSum, weighted, {a}), packed), DType::UInt8);
 }
 
@@ -204,9 +205,9 @@ Compression compress_saved_activations(const std::vector<NodePtr>& nodes) {
         // would make the backward store a float per mask element instead.
         Shape eight(x->shape.size() + 1, 1);
         eight[axis] = 8;
-        Tensor inverse_weights = powers_of_two(eight, axis, -1);
-        recording.mark(inverse_weights, true, x->label);
+        Tensor inverse_weights = powers_of_two(eight, axis, -1, x->device);
         Tensor mask = unpack_bits(bits, x->shape, axis, inverse_weights);
+        recording.mark(inverse_weights, true, x->label);  // first: the reading's marks skip it
         recording.mark(mask, false, compare->label);
         unpacked.emplace(compare, mask);
       }

@@ -128,7 +128,9 @@ std::vector<int> saved_activations(const std::vector<NodePtr>& nodes, const Grap
   std::vector<int> saved;
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = *nodes[i];
-    if (index.base[i] == static_cast<int>(i) && n.requires_grad && !n.grad_leaf && !n.recompute && n.held == 0 &&
+    // (A compressed copy, memory/compress.h, is what the backward keeps instead: not recomputed.)
+    if (index.base[i] == static_cast<int>(i) && n.requires_grad && !n.grad_leaf && !n.recompute && !n.saved_copy &&
+        n.held == 0 &&
         forward_use[i] && backward_use[i])
       saved.push_back(static_cast<int>(i));
   }

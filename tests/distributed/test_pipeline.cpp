@@ -360,3 +360,40 @@ TEST_CASE("pipeline stages with nn::checkpoint inside train like one process", "
     for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-12));
   }
 }
+
+// The reading of a compressed activation (memory/compress.h) is made when the plan is built, so
+// its id is the newest of the step; ordered by it, the backward reading it would wait for every
+// later receive and send: 1F1B would become GPipe here, and a stage whose neighbour compresses
+// nothing would deadlock with it. The first stage has nothing to compress (a Linear of the
+// realized batch); the last stage's ReLU outputs are int8.
+TEST_CASE("a pipeline whose last stage compresses its activations keeps its order and trains", "[pipeline]") {
+  dist::init();
+  FlagsGuard flags_guard;
+  flags().collective_timeout = 60;
+  auto model = [] {
+    manual_seed(21);
+    return nn::Sequential(nn::Linear(64, 64), nn::ReLU(), nn::Linear(64, 64), nn::ReLU(), nn::Linear(64, 64));
+  };
+  const int world = dist::world_size();
+  std::vector<int64_t> balance = world == 2 ? std::vector<int64_t>{1, 4} : std::vector<int64_t>{};
+  if (world > 2) return;  // the layout above is for one or two stages
+  nn::Sequential whole = model();
+  dist::PipelineOptions options = dist::PipelineOptions().micro_batches(4);
+  if (!balance.empty()) options.balance(balance);
+  dist::Pipeline pipe(model(), options);
+  optim::SGD opt(pipe.parameters(), optim::SGDOptions(0.05));
+  optim::SGD reference(whole.parameters(), optim::SGDOptions(0.05));
+  CompressActivationsGuard int8(true);
+  for (int step = 0; step < 3; ++step) {
+    manual_seed(700 + static_cast<uint64_t>(step));
+    Tensor x = randn({16, 64}).realize(), y = randn({16, 64}).realize();
+    Tensor loss = pipe.train_step(opt, x, y, mse);
+    Tensor expected;
+    {
+      CompressActivationsGuard off(false);
+      expected = mse(whole.forward(x), y);
+      reference.step(expected);
+    }
+    if (pipe.is_last()) CHECK(loss.item() == Approx(expected.item()).epsilon(2e-2));
+  }
+}

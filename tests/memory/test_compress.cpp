@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 #include <kiln/kiln.h>
 
+#include "backends/cuda/cuda_runtime.h"
+
 #include <cmath>
 #include <limits>
 #include <random>
@@ -163,4 +165,30 @@ TEST_CASE("an MLP trained an epoch with compressed activations learns as well as
   INFO("float32 " << wide << ", int8 " << compressed);
   CHECK(wide > 0.5);  // it learned something
   CHECK(std::abs(wide - compressed) <= 0.01);
+}
+
+TEST_CASE("compressed activations on a CUDA device: int8 and masks", "[compress][device]") {
+  if (!cuda::available()) {
+    WARN("SKIPPED: no CUDA device (KILN_CUDA_EMULATOR=1 emulates one)");
+    return;
+  }
+  const Device gpu = Device::cuda(0);
+  Tensor x = randn({2, 3, 8, 8}).realize();
+  Tensor w = randn({2, 3, 8, 8}).realize();
+  auto grads = [&](Device d, bool compress) {
+    Tensor wd = w.to(d).realize().requires_grad_();
+    CompressActivationsGuard guard(compress);
+    Tensor loss;
+    {
+      Tensor h = max_pool2d(relu(x.to(d) * wd), {2, 2});  // the relu output: a mask only
+      loss = (exp(h * 0.5) * h).sum();                    // h and the exp: int8
+    }
+    Tensor g = grad(loss, {wd})[0];
+    sync({loss, g});
+    return g.to_doubles();
+  };
+  std::vector<double> host = grads(Device::cpu(), true), device = grads(gpu, true), exact = grads(gpu, false);
+  REQUIRE(host.size() == device.size());
+  for (size_t i = 0; i < host.size(); ++i) CHECK(device[i] == Approx(host[i]).margin(1e-5));
+  CHECK(device != exact);  // compressed: int8 readings
 }

@@ -9,6 +9,7 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "nn/checkpoint.h"
 #include "nn/init.h"
 #include "ops/ops.h"
 
@@ -140,25 +141,22 @@ Tensor GPT::forward(const Tensor& idx) {
              "a sequence of {} tokens does not fit the context of {} (the positional table); cut it to at most {}", t,
              config_.ctx(), config_.ctx());
   Tensor h = tokens.forward(idx) + positions.forward(iota({t}, 0, DType::Int64).to(idx.device()));
-  for (AnyModule& block : blocks) h = block.forward(h);
+  for (AnyModule& block : blocks) h = config_.checkpoint() ? nn::checkpoint(block, h) : block.forward(h);
   h = ln_f.forward(h);
   return config_.tie_weights() ? matmul(h, transpose(tokens.weight, 0, 1)) : head.forward(h);
 }
 
 namespace {
-// Each row of probs (R, V) with all but its k largest entries zeroed (ties at the k-th kept).
-Tensor keep_top_k(const Tensor& probs, int64_t k) {
-  const int64_t v = probs.size(1);
-  std::vector<double> p = probs.to_doubles();
-  for (size_t r = 0; r < p.size() / static_cast<size_t>(v); ++r) {
-    auto row = p.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(v));
+// Zeroes all but the k largest entries of each row of `rows` (R rows of v; ties at the k-th kept).
+void keep_top_k(std::vector<double>& rows, int64_t v, int64_t k) {
+  for (size_t r = 0; r < rows.size() / static_cast<size_t>(v); ++r) {
+    auto row = rows.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(v));
     std::vector<double> sorted(row, row + v);
     std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<double>());
     const double kth = sorted[static_cast<size_t>(k - 1)];
     for (int64_t j = 0; j < v; ++j)
       if (row[j] < kth) row[j] = 0;
   }
-  return from_vector<double>(p, probs.shape()).to(probs.device());
 }
 }  // namespace
 
@@ -171,17 +169,33 @@ Tensor GPT::generate(const Tensor& prompt, int64_t steps, const GenerateOptions&
   NoGradGuard no_grad;
   const bool was_training = is_training();
   eval();
-  Tensor out = prompt.cast(DType::Int64);
+  const int64_t rows = prompt.size(0), ctx = config_.ctx(), vocab = config_.vocab();
+  std::vector<std::vector<int64_t>> seq(static_cast<size_t>(rows));
+  const std::vector<int64_t> start = prompt.cast(DType::Int64).to_vector<int64_t>();
+  for (int64_t r = 0; r < rows; ++r)
+    seq[r].assign(start.begin() + r * prompt.size(1), start.begin() + (r + 1) * prompt.size(1));
+  const Device device = tokens.weight.device();
   for (int64_t s = 0; s < steps; ++s) {
-    const int64_t t = out.size(1), start = std::max<int64_t>(0, t - config_.ctx());
-    Tensor logits = forward(slice(out, 1, start, t));                      // (B, T', vocab)
-    logits = slice(logits, 1, logits.size(1) - 1, logits.size(1)).reshape({out.size(0), config_.vocab()});
-    Tensor probs = softmax(logits / options.temperature(), -1);
-    if (options.top_k() > 0) probs = keep_top_k(probs, options.top_k());
-    out = concat({out, multinomial(probs, 1)}, 1).realize();
+    // Always a full window of ctx tokens, assembled on the host, so that every step runs one
+    // cached plan: a shorter sequence is padded on the right, where causal attention keeps the
+    // padding out of the last real position.
+    const int64_t used = std::min<int64_t>(static_cast<int64_t>(seq[0].size()), ctx);
+    std::vector<int64_t> window(static_cast<size_t>(rows * ctx), 0);
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy(seq[r].end() - used, seq[r].end(), window.begin() + r * ctx);
+    const std::vector<double> probs =
+        softmax(forward(from_vector<int64_t>(window, {rows, ctx}).to(device)) / options.temperature(), -1).to_doubles();
+    std::vector<double> last(static_cast<size_t>(rows * vocab));
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(probs.begin() + (r * ctx + used - 1) * vocab, vocab, last.begin() + r * vocab);
+    if (options.top_k() > 0) keep_top_k(last, vocab, options.top_k());
+    const std::vector<int64_t> picked = multinomial(from_vector<double>(last, {rows, vocab}), 1).to_vector<int64_t>();
+    for (int64_t r = 0; r < rows; ++r) seq[r].push_back(picked[r]);
   }
   if (was_training) train();
-  return out;
+  std::vector<int64_t> flat;
+  for (const auto& row : seq) flat.insert(flat.end(), row.begin(), row.end());
+  return from_vector<int64_t>(flat, {rows, static_cast<int64_t>(seq[0].size())}).to(prompt.device());
 }
 
 }  // namespace kiln::nn

@@ -90,6 +90,7 @@ class GPTConfig {
   KILN_OPTION(int64_t, dim, 128)
   KILN_OPTION(double, dropout, 0.0)
   KILN_OPTION(bool, tie_weights, true)  // the head is the token embedding's transpose
+  KILN_OPTION(bool, checkpoint, false)   // recompute each block for the backward (nn::checkpoint)
 };
 
 class GenerateOptions {

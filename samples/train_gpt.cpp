@@ -1,0 +1,263 @@
+// train_gpt: a character-level GPT (nn::GPT) trained on a text file, then asked for 200
+// characters of its own.
+//
+//   ./build/samples/train_gpt                                   # the licenses in /usr/share/common-licenses
+//   ./build/samples/train_gpt --text book.txt --steps 2000 --layers 6 --dim 256 --ctx 128
+//   ./build/samples/train_gpt --save gpt.safetensors && ./build/samples/train_gpt --load gpt.safetensors --steps 0
+//   ./build/samples/train_gpt --amp bf16 --checkpoint --compress-activations int8   # memory flags
+//
+// The text is read as bytes: the vocabulary is the distinct bytes of the file (a UTF-8 letter
+// outside ASCII is two or three tokens), so any file works. 90% trains, the last 10% validates.
+// The recipe (nanoGPT's, scaled down): AdamW (betas 0.9, 0.95, weight decay 0.1), lr warmed up
+// linearly over the first 10% of the steps then cosine-annealed to a tenth, gradients clipped to
+// norm 1, dropout 0; batches of --batch random windows of --ctx + 1 bytes. Every --eval-every
+// steps it prints the mean loss over 8 validation batches.
+//
+// --save PATH writes the weights and, next to them, the optimizer's state (gpt.safetensors ->
+// gpt.optim.safetensors) with the vocabulary in the weights' metadata; --load PATH reads them
+// back (the model's flags must be the ones it was saved with). --device cuda trains on cuda:0.
+#include <kiln/kiln.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <random>
+#include <sstream>
+
+namespace nn = kiln::nn;
+namespace optim = kiln::optim;
+using kiln::Tensor;
+
+namespace {
+
+// The files of `path` (a folder: its regular files in sorted order) as one string of bytes.
+std::string read_text(const std::string& path) {
+  namespace fs = std::filesystem;
+  KILN_CHECK(fs::exists(path), "train_gpt", "no file or folder {}; pass --text FILE", path);
+  std::vector<fs::path> files;
+  if (fs::is_directory(path)) {
+    for (const auto& entry : fs::directory_iterator(path))
+      if (entry.is_regular_file()) files.push_back(entry.path());
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(path);
+  }
+  std::string text;
+  for (const fs::path& file : files) {
+    std::ifstream in(file, std::ios::binary);
+    KILN_CHECK(in.good(), "train_gpt", "cannot read {}", file.string());
+    std::ostringstream bytes;
+    bytes << in.rdbuf();
+    text += bytes.str();
+  }
+  return text;
+}
+
+struct Corpus {
+  std::string vocab;               // the distinct bytes, sorted: token i is vocab[i]
+  std::vector<int64_t> train, val;  // token ids
+};
+
+Corpus tokenize(const std::string& text, const std::string& vocab_text) {
+  Corpus c;
+  c.vocab = vocab_text;
+  if (c.vocab.empty()) {
+    std::vector<bool> seen(256, false);
+    for (unsigned char ch : text) seen[ch] = true;
+    for (int b = 0; b < 256; ++b)
+      if (seen[b]) c.vocab.push_back(static_cast<char>(b));
+  }
+  std::vector<int64_t> id(256, -1);
+  for (size_t i = 0; i < c.vocab.size(); ++i) id[static_cast<unsigned char>(c.vocab[i])] = static_cast<int64_t>(i);
+  std::vector<int64_t> tokens;
+  tokens.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    int64_t t = id[static_cast<unsigned char>(text[i])];
+    KILN_CHECK(t >= 0, "train_gpt", "byte {} at offset {} is not in the loaded model's vocabulary", int(text[i]), i);
+    tokens.push_back(t);
+  }
+  const size_t split = tokens.size() * 9 / 10;
+  c.train.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(split));
+  c.val.assign(tokens.begin() + static_cast<std::ptrdiff_t>(split), tokens.end());
+  return c;
+}
+
+// `batch` random windows of ctx + 1 tokens: inputs (B, ctx) and next-token targets (B, ctx).
+std::pair<Tensor, Tensor> sample_batch(const std::vector<int64_t>& data, int64_t batch, int64_t ctx, std::mt19937_64& rng,
+                                       kiln::Device device) {
+  std::uniform_int_distribution<size_t> start(0, data.size() - static_cast<size_t>(ctx) - 1);
+  std::vector<int64_t> x, y;
+  for (int64_t b = 0; b < batch; ++b) {
+    size_t s = start(rng);
+    x.insert(x.end(), data.begin() + static_cast<std::ptrdiff_t>(s), data.begin() + static_cast<std::ptrdiff_t>(s + ctx));
+    y.insert(y.end(), data.begin() + static_cast<std::ptrdiff_t>(s + 1), data.begin() + static_cast<std::ptrdiff_t>(s + ctx + 1));
+  }
+  return {kiln::from_vector<int64_t>(x, {batch, ctx}).to(device), kiln::from_vector<int64_t>(y, {batch, ctx}).to(device)};
+}
+
+Tensor lm_loss(nn::GPT& gpt, const Tensor& x, const Tensor& y) {
+  const int64_t vocab = gpt.config().vocab();
+  return nn::cross_entropy(gpt.forward(x).reshape({-1, vocab}), y.reshape({-1}));
+}
+
+// The vocabulary in the checkpoint's metadata, as hex: safetensors metadata is JSON text, and
+// the bytes need not be UTF-8.
+std::string to_hex(const std::string& bytes) {
+  std::string hex;
+  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+std::string from_hex(const std::string& hex) {
+  KILN_CHECK(hex.size() % 2 == 0 && hex.find_first_not_of("0123456789abcdef") == std::string::npos, "train_gpt",
+             "the checkpoint's vocabulary is not hex bytes");
+  std::string bytes;
+  for (size_t i = 0; i < hex.size(); i += 2) bytes.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return bytes;
+}
+
+std::string optimizer_path(const std::string& path) {
+  std::filesystem::path p(path);
+  return (p.parent_path() / (p.stem().string() + ".optim" + p.extension().string())).string();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train a character-level GPT on a text file with kiln"};
+  std::string text_path = "/usr/share/common-licenses", device = "cpu", save_path, load_path, csv_path, amp = "none",
+              budget, compress = "none";
+  int64_t steps = 600, batch = 32, ctx = 64, layers = 4, heads = 4, dim = 128, eval_every = 100;
+  double lr = 3e-3;
+  uint64_t seed = 0;
+  bool checkpoint = false;
+  app.add_option("--text", text_path, "a text file, or a folder whose files are read in sorted order");
+  app.add_option("--steps", steps, "training steps (0: only evaluate and sample)")->check(CLI::NonNegativeNumber);
+  app.add_option("--batch", batch, "windows per step")->check(CLI::PositiveNumber);
+  app.add_option("--ctx", ctx, "context length (tokens per window)")->check(CLI::PositiveNumber);
+  app.add_option("--layers", layers, "transformer blocks")->check(CLI::PositiveNumber);
+  app.add_option("--heads", heads, "attention heads (must divide --dim)")->check(CLI::PositiveNumber);
+  app.add_option("--dim", dim, "model width")->check(CLI::PositiveNumber);
+  app.add_option("--lr", lr, "peak learning rate of AdamW")->check(CLI::PositiveNumber);
+  app.add_option("--seed", seed, "seed of initialization, batches and sampling");
+  app.add_option("--eval-every", eval_every, "steps between validation losses")->check(CLI::PositiveNumber);
+  app.add_option("--save", save_path, "write the weights (safetensors) and the optimizer state next to them");
+  app.add_option("--load", load_path, "start from these weights (and their optimizer state, if saved)");
+  app.add_option("--log-csv", csv_path, "write step,loss,val_loss per step to this CSV file");
+  app.add_option("--device", device, "cpu, or cuda (cuda:0; KILN_CUDA_EMULATOR=1 emulates one)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--amp", amp, "mixed precision: none, bf16 or fp16 (autocast)")->check(CLI::IsMember({"none", "bf16", "fp16"}));
+  app.add_flag("--checkpoint", checkpoint, "recompute each block for the backward (nn::checkpoint)");
+  app.add_option("--budget", budget, "KILN_MEMORY_BUDGET for the step: a size (64MiB) or a fraction (0.5)");
+  app.add_option("--compress-activations", compress, "int8: keep what the backward reads as int8; or none")
+      ->check(CLI::IsMember({"int8", "none"}));
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    kiln::manual_seed(seed);
+    if (!budget.empty()) kiln::flags().set("memory_budget", budget);
+    const kiln::Device run_on = device == "cuda" ? kiln::Device::cuda(0) : kiln::Device::cpu();
+    const std::string text = read_text(text_path);
+    KILN_CHECK(static_cast<int64_t>(text.size()) * 9 / 10 > ctx + 1 && static_cast<int64_t>(text.size()) / 10 > ctx + 1,
+               "train_gpt", "{} has {} bytes; --ctx {} needs at least {} (90% to train and 10% to validate, each longer "
+               "than ctx + 1)", text_path, text.size(), ctx, 10 * (ctx + 2));
+    std::string vocab;
+    nn::Metadata meta;
+    if (!load_path.empty()) {
+      nn::load_tensors(load_path, &meta);
+      vocab = meta.count("vocab") ? from_hex(meta["vocab"]) : "";
+    }
+    const Corpus corpus = tokenize(text, vocab);
+    const int64_t vocab_size = static_cast<int64_t>(corpus.vocab.size());
+    nn::GPT gpt(nn::GPTConfig().vocab(vocab_size).ctx(ctx).layers(layers).heads(heads).dim(dim).checkpoint(checkpoint));
+    gpt.to(run_on);
+    optim::AdamW opt(gpt.parameters(), optim::AdamWOptions(lr).betas(0.9, 0.95).weight_decay(0.1));
+    if (!load_path.empty()) {
+      nn::load(gpt, load_path);
+      if (std::filesystem::exists(optimizer_path(load_path))) optim::load(opt, optimizer_path(load_path));
+      opt.set_lr(lr);
+      fmt::print("loaded {}\n", load_path);
+    }
+    int64_t parameters = 0;
+    for (const Tensor& p : gpt.parameters()) parameters += p.numel();
+    fmt::print("{}: {} bytes ({} train, {} validation), vocabulary {} bytes\n", text_path, text.size(),
+               corpus.train.size(), corpus.val.size(), vocab_size);
+    fmt::print("GPT: {} layers, {} heads, dim {}, ctx {}: {:.2f}M parameters\n", layers, heads, dim, ctx,
+               static_cast<double>(parameters) / 1e6);
+
+    const int64_t warmup = std::max<int64_t>(1, steps / 10);
+    auto cosine = std::make_shared<optim::CosineAnnealingLR>(opt, std::max<int64_t>(1, steps - warmup), lr / 10);
+    optim::LinearWarmup schedule(opt, warmup, cosine);
+    std::mt19937_64 rng(seed);
+    auto validate = [&] {
+      kiln::NoGradGuard no_grad;
+      gpt.eval();
+      std::mt19937_64 fixed(1234);  // the same validation windows every time
+      double total = 0;
+      for (int i = 0; i < 8; ++i) {
+        auto [x, y] = sample_batch(corpus.val, batch, ctx, fixed, run_on);
+        total += lm_loss(gpt, x, y).item();
+      }
+      gpt.train();
+      return total / 8;
+    };
+    std::ofstream csv;
+    if (!csv_path.empty()) {
+      csv.open(csv_path);
+      KILN_CHECK(csv.good(), "train_gpt", "cannot write {}", csv_path);
+      csv << "step,loss,val_loss\n";
+    }
+    auto start = std::chrono::steady_clock::now();
+    double loss_value = 0, val = 0;
+    for (int64_t step = 1; step <= steps; ++step) {
+      auto [x, y] = sample_batch(corpus.train, batch, ctx, rng, run_on);
+      Tensor loss;
+      {
+        std::optional<kiln::AutocastGuard> autocast;
+        if (amp != "none") autocast.emplace(amp == "bf16" ? kiln::DType::BFloat16 : kiln::DType::Float16);
+        std::optional<kiln::CompressActivationsGuard> int8;
+        if (compress == "int8") int8.emplace(true);
+        loss = lm_loss(gpt, x, y);
+      }
+      opt.zero_grad();
+      loss.backward();
+      optim::clip_grad_norm(gpt.parameters(), 1.0);
+      opt.step({loss});
+      schedule.step();
+      loss_value = loss.item();
+      const bool evaluate = step % eval_every == 0 || step == steps;
+      if (evaluate) val = validate();
+      if (csv.is_open()) csv << fmt::format("{},{:.6f},{}\n", step, loss_value, evaluate ? fmt::format("{:.6f}", val) : "");
+      if (step % 10 == 0 || evaluate) {
+        double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        fmt::print("step {:>5}/{} | loss {:.4f}{} | {:.1f}k tokens/s | memory {}\n", step, steps, loss_value,
+                   evaluate ? fmt::format(" | val {:.4f}", val) : "", static_cast<double>(step * batch * ctx) / seconds / 1e3,
+                   kiln::memory::format_bytes(kiln::memory::allocated_bytes()));
+      }
+    }
+    if (steps == 0) fmt::print("validation loss {:.4f}\n", validate());
+    if (!save_path.empty()) {
+      nn::save(gpt, save_path);
+      // The vocabulary, so that --load decodes the same bytes: rewritten with it as metadata.
+      nn::TensorMap weights = nn::load_tensors(save_path);
+      nn::save_tensors(weights, save_path, {{"vocab", to_hex(corpus.vocab)}});
+      optim::save(opt, optimizer_path(save_path));
+      fmt::print("saved {} and {}\n", save_path, optimizer_path(save_path));
+    }
+    // 200 bytes from the model, after a newline.
+    const int64_t newline = static_cast<int64_t>(corpus.vocab.find('\n'));
+    Tensor prompt = kiln::from_vector<int64_t>({newline >= 0 ? newline : 0}, {1, 1}).to(run_on);
+    std::vector<int64_t> out = gpt.generate(prompt, 200, nn::GenerateOptions().temperature(0.8)).to_vector<int64_t>();
+    std::string sample;
+    for (size_t i = 1; i < out.size(); ++i) sample.push_back(corpus.vocab[static_cast<size_t>(out[i])]);
+    fmt::print("--- sample (temperature 0.8) ---\n{}\n---\n", sample);
+  } catch (const kiln::Error& e) {
+    std::cerr << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -227,13 +227,8 @@ Compression compress_saved_activations(const std::vector<NodePtr>& nodes) {
         auto it = over_reading.find(position);
         if (it != over_reading.end()) return it->second;
         const Node& view = *nodes[position];
-        auto copy = std::make_shared<Node>();
-        copy->op = view.op;
-        copy->dtype = view.dtype;
-        copy->device = view.device;
-        copy->shape = view.shape;
-        copy->ints = view.ints;
-        copy->inputs = {remade(index.of(view.inputs[0].get()))};
+        // Read as late as the rest of the reading (recompute, as mark() sets it).
+        NodePtr copy = recompute_copy(view, {remade(index.of(view.inputs[0].get()))});
         copy->backward = true;
         copy->compress = false;
         copy->label = view.label;

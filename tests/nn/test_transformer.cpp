@@ -9,6 +9,8 @@
 #include <limits>
 #include <vector>
 
+#include "backends/cuda/cuda_runtime.h"
+#include "tests/support/files.h"
 #include "tests/support/gradcheck.h"
 
 using namespace kiln;
@@ -206,4 +208,73 @@ TEST_CASE("a GPT training step replays from the plan cache and lowers the loss",
   CHECK(out.shape() == Shape{1, 7});
   CHECK(out.to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 3, 4, 0, 1});
   CHECK_THROWS_WITH(gpt.generate(out, 1, nn::GenerateOptions().temperature(0)), Catch::Contains("temperature"));
+}
+
+namespace {
+// Batches of a repeating 5-token pattern, offset by the step.
+std::pair<Tensor, Tensor> pattern_batch(int step, Device device) {
+  std::vector<int64_t> seq;
+  for (int i = 0; i < 4 * 9; ++i) seq.push_back((i + step) % 5);
+  Tensor data = from_vector<int64_t>(seq, {4, 9}).to(device);
+  return {slice(data, 1, 0, 8).realize(), slice(data, 1, 1, 9).realize()};
+}
+
+// One AdamW step on the pattern, on the model's device.
+double gpt_step(nn::GPT& gpt, optim::Optimizer& opt, int step) {
+  auto [x, y] = pattern_batch(step, gpt.tokens.weight.device());
+  Tensor loss = nn::cross_entropy(gpt.forward(x).reshape({-1, 8}), y.reshape({-1}));
+  opt.step(loss);
+  return loss.item();
+}
+
+nn::GPTConfig tiny() { return nn::GPTConfig().vocab(8).ctx(8).layers(2).heads(2).dim(16); }
+}  // namespace
+
+TEST_CASE("a GPT saved mid-run and loaded continues training bit-identically", "[transformer][serialize]") {
+  const std::string weights = kiln::testing::temp_path("gpt", "w.safetensors"),
+                    state = kiln::testing::temp_path("gpt", "o.safetensors");
+  manual_seed(9);
+  nn::GPT a(tiny());
+  optim::AdamW opt_a(a.parameters(), optim::AdamWOptions(3e-3));
+  for (int s = 0; s < 3; ++s) gpt_step(a, opt_a, s);
+  nn::save(a, weights);
+  optim::save(opt_a, state);
+  for (int s = 3; s < 5; ++s) gpt_step(a, opt_a, s);
+
+  manual_seed(77);  // another initialization: everything must come from the files
+  nn::GPT b(tiny());
+  optim::AdamW opt_b(b.parameters(), optim::AdamWOptions(3e-3));
+  nn::load(b, weights);
+  optim::load(opt_b, state);
+  for (int s = 3; s < 5; ++s) gpt_step(b, opt_b, s);
+  const auto pa = a.named_parameters(), pb = b.named_parameters();
+  REQUIRE(pa.size() == pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    INFO(pa[i].first);
+    CHECK(pa[i].second.to_vector<float>() == pb[i].second.to_vector<float>());
+  }
+  std::filesystem::remove(weights);
+  std::filesystem::remove(state);
+}
+
+TEST_CASE("a GPT trains on a CUDA device as on the host", "[transformer][device]") {
+  if (!cuda::available()) {
+    WARN("SKIPPED: no CUDA device (KILN_CUDA_EMULATOR=1 emulates one)");
+    return;
+  }
+  const Device gpu = Device::cuda(0);
+  manual_seed(5);
+  nn::GPT host(tiny());
+  manual_seed(5);
+  nn::GPT device(tiny());
+  device.to(gpu);
+  optim::AdamW opt_host(host.parameters(), optim::AdamWOptions(3e-3));
+  optim::AdamW opt_device(device.parameters(), optim::AdamWOptions(3e-3));
+  for (int s = 0; s < 3; ++s) {
+    const double h = gpt_step(host, opt_host, s), d = gpt_step(device, opt_device, s);
+    CHECK(d == Approx(h).epsilon(1e-4));
+  }
+  Tensor out = device.generate(from_vector<int64_t>({0, 1}, {1, 2}).to(gpu), 3, nn::GenerateOptions().top_k(1));
+  CHECK(out.device() == gpu);
+  CHECK(out.shape() == Shape{1, 5});
 }

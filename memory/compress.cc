@@ -1,7 +1,9 @@
 #include "memory/compress.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -59,24 +61,39 @@ class Recording {
 
 Tensor constant(const Tensor& like, double value) { return prim::full(like.shape(), value, like.dtype()); }
 
-// x as int8 with one scale per group: {q, s}; the reading is cast(q) * s.
+// Finite values take the codes -126..126 (q * s); the other three codes keep what is not
+// finite exactly: attention scores masked with -inf are ordinary saved values.
+constexpr double kLargestCode = 126, kPlusInf = 127, kMinusInf = -127, kNaN = -128;
+
+// x as int8 with one scale per group: {q, s}.
 std::pair<Tensor, Tensor> quantize(const Tensor& x, DType compute) {
   Tensor xc = prim::cast(x, compute);
   std::vector<int64_t> axes;
   for (size_t k = group_axis(x.shape()); k < x.shape().size(); ++k) axes.push_back(static_cast<int64_t>(k));
-  Tensor amax = prim::reduce(Op::ReduceMax, prim::unary(Op::Abs, xc), axes);
-  // The floor keeps an all-zero group from dividing by zero; the max propagates a NaN.
-  Tensor s = prim::binary(Op::Max, prim::binary(Op::Mul, amax, constant(amax, 1.0 / 127.0)), constant(amax, 1e-30));
+  const double inf = std::numeric_limits<double>::infinity();
+  Tensor magnitude_x = prim::unary(Op::Abs, xc);
+  Tensor finite = prim::binary(Op::Lt, magnitude_x, constant(xc, inf));  // false for inf and NaN
+  Tensor amax = prim::reduce(Op::ReduceMax, prim::where(finite, magnitude_x, constant(xc, 0.0)), axes);
+  // The floor keeps an all-zero group from dividing by zero.
+  Tensor s = prim::binary(Op::Max, prim::binary(Op::Mul, amax, constant(amax, 1.0 / kLargestCode)), constant(amax, 1e-30));
   Tensor v = prim::binary(Op::Div, xc, prim::expand(s, x.shape()));
-  // Rounded to nearest, but at least 1 away from 0 unless x is 0: the sign survives. (NaN and
-  // inf groups: their scale is NaN or inf, so whatever int8 they get reads back non-finite.)
+  // Rounded to nearest, but at least 1 away from 0 unless x is 0: the sign survives.
   Tensor magnitude = prim::unary(Op::Floor, prim::binary(Op::Add, prim::unary(Op::Abs, v), constant(v, 0.5)));
   Tensor r = prim::binary(Op::Mul, prim::unary(Op::Sign, v), prim::binary(Op::Max, magnitude, constant(v, 1.0)));
-  return {prim::cast(r, DType::Int8), s};
+  Tensor special = prim::where(prim::binary(Op::Gt, xc, constant(xc, 0.0)), constant(xc, kPlusInf),
+                               prim::where(prim::binary(Op::Lt, xc, constant(xc, 0.0)), constant(xc, kMinusInf),
+                                           constant(xc, kNaN)));
+  return {prim::cast(prim::where(finite, r, special), DType::Int8), s};
 }
 
 Tensor dequantize(const Tensor& q, const Tensor& s, DType dtype) {
-  Tensor v = prim::binary(Op::Mul, prim::cast(q, s.dtype()), prim::expand(s, q.shape()));
+  Tensor code = prim::cast(q, s.dtype());
+  auto is = [&](double c) { return prim::binary(Op::Eq, code, constant(code, c)); };
+  const double inf = std::numeric_limits<double>::infinity();
+  Tensor v = prim::binary(Op::Mul, code, prim::expand(s, q.shape()));
+  v = prim::where(is(kPlusInf), constant(v, inf),
+                  prim::where(is(kMinusInf), constant(v, -inf),
+                              prim::where(is(kNaN), constant(v, std::numeric_limits<double>::quiet_NaN()), v)));
   return prim::cast(v, dtype);
 }
 
@@ -177,7 +194,12 @@ Compression compress_saved_activations(const std::vector<NodePtr>& nodes) {
   for (size_t p = 0; p < nodes.size(); ++p) {
     const Node& x = *nodes[p];
     bool weight_copy = x.op == Op::Cast && x.inputs[0]->grad_leaf;  // autocast's copy of a parameter
-    candidate[p] = index.base[p] == static_cast<int>(p) && x.compress && !x.saved_copy && !x.backward &&
+    // A comparison of two saved values (a max's backward: x == max x) must see both exactly.
+    const bool compared_with_value = std::any_of(reads[p].begin(), reads[p].end(), [&](const Read& read) {
+      return is_comparison(read.consumer->op) && read.consumer->inputs[1 - read.slot]->op != Op::Full;
+    });
+    candidate[p] = !compared_with_value && index.base[p] == static_cast<int>(p) && x.compress && !x.saved_copy &&
+                   !x.backward &&
                    !x.recompute && x.held == 0 && is_floating(x.dtype) && !weight_copy && group_axis(x.shape) > 0 &&
                    forward_use[p] && !recomputed[p] && !reads[p].empty();
   }

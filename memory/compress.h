@@ -6,7 +6,7 @@
 //   { kiln::CompressActivationsGuard int8(true); logits = model.forward(x); }  // this forward only
 //
 // A float value x recorded with compression on, that the backward of the same plan reads, gets
-// q = round(x / s) as int8 with s = max|x| / 127 over groups of its trailing axes (the fewest
+// q = round(x / s) as int8 with s = max|x| / 126 over groups of its trailing axes (the fewest
 // trailing axes holding 32 elements or more; a tensor that needs all its axes for that is kept),
 // computed with the forward; the backward reads q * s
 // (fused into its kernels). Rounding keeps the sign: a nonzero x never becomes 0, so a mask the
@@ -14,8 +14,9 @@
 // constant (a relu output that max pooling reads: its mask is all the backward needs) is kept as
 // the comparison's bits, 8 to a byte. Kept at full width: small values (logits (B, 10)),
 // integer and bool values, weights, values a user holds, and values a recomputation reads
-// (recomputed activations must equal the forward's). A NaN or inf in a group makes its values
-// NaN or inf in the backward, never finite garbage.
+// (recomputed activations must equal the forward's). Infinities and NaN are kept exactly (three
+// codes of their own; the scale is taken over the finite values), so a -inf attention mask
+// survives.
 #pragma once
 #include <vector>
 

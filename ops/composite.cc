@@ -53,7 +53,9 @@ Tensor softmax(const Tensor& x_in, int64_t axis) {
   AutocastScope amp("softmax");
   const Tensor x = amp(x_in);
   axis = normalize_axis(axis, x.dim(), "softmax");  // so a bad axis names softmax, not max
-  Tensor e = exp(x - max(x, {axis}, true));
+  // The max is a constant shift (softmax does not change with it): no gradient flows through
+  // it, as in PyTorch's softmax backward, which reads only the output.
+  Tensor e = exp(x - max(x, {axis}, true).detach());
   return e / sum(e, {axis}, true);
 }
 
@@ -61,7 +63,7 @@ Tensor log_softmax(const Tensor& x_in, int64_t axis) {
   AutocastScope amp("log_softmax");
   const Tensor x = amp(x_in);
   axis = normalize_axis(axis, x.dim(), "log_softmax");
-  Tensor shifted = x - max(x, {axis}, true);
+  Tensor shifted = x - max(x, {axis}, true).detach();  // a constant shift, as in softmax
   return shifted - log(sum(exp(shifted), {axis}, true));
 }
 

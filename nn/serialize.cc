@@ -212,9 +212,9 @@ TensorMap load_tensors(const std::string& path, Metadata* metadata) {
   return out;
 }
 
-void save(const Module& module, const std::string& path) {
+void save(const Module& module, const std::string& path, const Metadata& extra) {
   TensorMap tensors;
-  Metadata metadata;
+  Metadata metadata = extra;
   for (const auto& [name, t] : module.state()) {
     tensors.emplace(name, t);
     // How a reader outside kiln turns quantized weights (nn/quantize.h) back into the float ones.

@@ -31,7 +31,8 @@ void save_tensors(const TensorMap& tensors, const std::string& path, const Metad
 // `metadata` (when given) with the file's metadata.
 TensorMap load_tensors(const std::string& path, Metadata* metadata = nullptr);
 
-void save(const Module& module, const std::string& path);
+// `metadata`: extra header entries (strings), e.g. what a program needs to read the weights back.
+void save(const Module& module, const std::string& path, const Metadata& metadata = {});
 // Every parameter and buffer of `module` must be in the file with the same shape and dtype;
 // otherwise throws kiln::Error naming the key, and the module is left unchanged. Keys in the file
 // that the module lacks are errors too unless `strict` is false.

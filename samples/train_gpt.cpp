@@ -241,10 +241,7 @@ int main(int argc, char** argv) {
     }
     if (steps == 0) fmt::print("validation loss {:.4f}\n", validate());
     if (!save_path.empty()) {
-      nn::save(gpt, save_path);
-      // The vocabulary, so that --load decodes the same bytes: rewritten with it as metadata.
-      nn::TensorMap weights = nn::load_tensors(save_path);
-      nn::save_tensors(weights, save_path, {{"vocab", to_hex(corpus.vocab)}});
+      nn::save(gpt, save_path, {{"vocab", to_hex(corpus.vocab)}});  // so that --load decodes the same bytes
       optim::save(opt, optimizer_path(save_path));
       fmt::print("saved {} and {}\n", save_path, optimizer_path(save_path));
     }

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,8 +58,11 @@ struct Plan {
   dnnl::matmul primitive;
   memory::desc a_desc, b_desc, c_desc;
   // Copy A / B to contiguous buffers first: their strides defeat oneDNN, or (A transposed) its
-  // kernels are several times slower than the copy costs.
+  // kernels are several times slower than the copy costs. The copies are oneDNN reorders
+  // (vectorized, on every thread) unless a stride is negative, which oneDNN cannot describe.
   bool pack_a = false, pack_b = false;
+  std::optional<dnnl::reorder> reorder_a, reorder_b;
+  memory::desc a_source, b_source;  // the strided layouts the reorders read
 };
 
 // Primitive creation costs far more than a small matmul, so a training loop must not repeat it.
@@ -103,6 +107,10 @@ Plan make_plan(DType t, const Layout& a, const Layout& b, int64_t M, int64_t K, 
         plan.a_desc = a_desc;
         plan.b_desc = b_desc;
         plan.pack_a = transposed_a;
+        if (transposed_a) {
+          plan.a_source = strided_desc(a, M, K, dt);
+          plan.reorder_a = dnnl::reorder(dnnl::reorder::primitive_desc(rt.engine, plan.a_source, rt.engine, a_desc));
+        }
         return plan;
       }
     } catch (const dnnl::error&) {
@@ -113,6 +121,18 @@ Plan make_plan(DType t, const Layout& a, const Layout& b, int64_t M, int64_t K, 
   plan.a_desc = contiguous_desc(a.batch, M, K, dt);
   plan.b_desc = contiguous_desc(b.batch, K, N, dt);
   plan.primitive = dnnl::matmul(create(plan.a_desc, plan.b_desc));
+  auto reorder_to = [&](const Layout& l, int64_t rows, int64_t cols, const memory::desc& to,
+                        memory::desc& source) -> std::optional<dnnl::reorder> {
+    if (has_negative_stride(l)) return std::nullopt;
+    try {
+      source = strided_desc(l, rows, cols, dt);
+      return dnnl::reorder(dnnl::reorder::primitive_desc(rt.engine, source, rt.engine, to));
+    } catch (const dnnl::error&) {
+      return std::nullopt;  // pack() below copies it
+    }
+  };
+  plan.reorder_a = reorder_to(a, M, K, plan.a_desc, plan.a_source);
+  plan.reorder_b = reorder_to(b, K, N, plan.b_desc, plan.b_source);
   return plan;
 }
 
@@ -181,14 +201,24 @@ void onednn_matmul(DType t, const void* a, const int64_t a_strides[3], const voi
   try {
     const Plan* plan = &plan_cache().get_or_create(key, [&] { return make_plan(t, la, lb, M, K, N); });
     std::vector<std::byte> a_packed, b_packed;
-    if (plan->pack_a) a = pack(t, a, a_strides, la.batch, M, K, a_packed);
-    if (plan->pack_b) b = pack(t, b, b_strides, lb.batch, K, N, b_packed);
-    // oneDNN takes non-const handles but only reads src and weights.
-    memory a_mem(plan->a_desc, rt.engine, const_cast<void*>(a));
-    memory b_mem(plan->b_desc, rt.engine, const_cast<void*>(b));
-    memory c_mem(plan->c_desc, rt.engine, c);
+    if (plan->pack_a && !plan->reorder_a) a = pack(t, a, a_strides, la.batch, M, K, a_packed);
+    if (plan->pack_b && !plan->reorder_b) b = pack(t, b, b_strides, lb.batch, K, N, b_packed);
     {
       std::lock_guard<std::mutex> lock(rt.stream_mutex);
+      // oneDNN takes non-const handles but only reads src and weights.
+      auto reordered = [&](const std::optional<dnnl::reorder>& reorder, const memory::desc& source,
+                           const memory::desc& to, const void*& data, std::vector<std::byte>& buffer) {
+        if (!reorder) return;
+        buffer.resize(to.get_size());
+        memory from(source, rt.engine, const_cast<void*>(data)), into(to, rt.engine, buffer.data());
+        reorder->execute(rt.stream, from, into);
+        data = buffer.data();
+      };
+      reordered(plan->reorder_a, plan->a_source, plan->a_desc, a, a_packed);
+      reordered(plan->reorder_b, plan->b_source, plan->b_desc, b, b_packed);
+      memory a_mem(plan->a_desc, rt.engine, const_cast<void*>(a));
+      memory b_mem(plan->b_desc, rt.engine, const_cast<void*>(b));
+      memory c_mem(plan->c_desc, rt.engine, c);
       SmallWorkOnOneThread small(static_cast<double>(batch) * M * N * K);
       plan->primitive.execute(rt.stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
       rt.stream.wait();

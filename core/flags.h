@@ -36,7 +36,8 @@ enum class AmpMode : uint8_t { None, Float16, BFloat16 };
   X(double, collective_timeout, 300.0, "seconds a collective waits for the other ranks, then throws") \
   X(bool, quantize, false, "nn::Linear runs quantized when no gradient is recorded (nn/quantize.h)") \
   X(int, quantize_bits, 8, "quantized weight width: 8 (int8 matmul) or 4 (weight-only int4)")    \
-  X(std::string, compress_activations, "", "int8: keep activations saved for the backward as int8 (memory/compress.h)")
+  X(std::string, compress_activations, "", "int8: keep activations saved for the backward as int8 (memory/compress.h)") \
+  X(bool, fused_attention, true, "scaled_dot_product_attention runs as one kernel (no (T, T) matrix); 0 = composite")
 
 struct Flags {
 #define KILN_DECLARE_FLAG(type, name, def, doc) type name = def;

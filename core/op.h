@@ -36,7 +36,9 @@ namespace kiln {
   /* collectives: a kernel the executor starts and waits for (jit/collective.h) */      \
   X(AllReduce, Library) X(Send, Library) X(Recv, Library)                               \
   /* int8: the matmul of a dynamically quantized Linear (nn/quantize.h) */              \
-  X(QuantizedMatmul, Library)
+  X(QuantizedMatmul, Library)                                                           \
+  /* fused attention and its backward: kernels rendered from a template (jit/kernel_ir.h) */ \
+  X(Attention, Library) X(AttentionBackward, Library)
 
 enum class Op : uint8_t {
 #define KILN_OP_ENUM(name, kind) name,

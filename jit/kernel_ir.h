@@ -20,6 +20,7 @@ enum class KernelKind : uint8_t {
   Conv,
   Collective,   // started by the executor, waited for before its first reader (jit/collective.h)
   QuantizedMatmul,  // oneDNN's int8 matmul (host only)
+  Attention,    // fused attention, forward or backward: rendered from a fixed template (AttentionCall)
 };
 
 constexpr bool is_library(KernelKind k) {
@@ -86,6 +87,26 @@ struct ConvCall {
   ConvGeometry geometry;
 };
 
+// Fused attention (ops/primitive.h prim::attention): softmax(scale q kᵀ [causal]) v without the
+// (Tq, Tk) scores in memory. Operands are read through strides over (batch, head, position,
+// feature) from an offset into a kernel buffer; the forward writes o and the log-sum-exp of each
+// row (lse, feature stride 0), the backward dq, dk and dv, all regions of the output buffer.
+struct AttentionOperand {
+  int buffer = -1;
+  int64_t strides[4] = {0, 0, 0, 0};
+  int64_t offset = 0;
+};
+struct AttentionCall {
+  bool backward = false;
+  bool causal = false;
+  double scale = 1;
+  int64_t B = 0, H = 0, Tq = 0, Tk = 0, D = 0, Dv = 0;
+  AttentionOperand q, k, v;
+  AttentionOperand o, lse;  // written by the forward; read by the backward
+  AttentionOperand dout;    // the backward's
+  AttentionOperand dq, dk, dv;
+};
+
 // A collective. All-reduce: the input buffers' values laid end to end in the output buffer,
 // reduced over the ranks there. Send: the one input's values go to rank `peer` (the output is a
 // token). Recv: the output's values come from rank `peer`.
@@ -125,6 +146,7 @@ struct Kernel {
   QuantizedMatmulCall quantized;
   ConvCall conv;
   CollectiveCall collective;
+  AttentionCall attention;
   std::string summary;                // one line for KILN_LOG, e.g. "Exp Mul Add [1024, 1024]"
   uint32_t label = 0;                 // the trace label of the node it writes (core/trace_label.h)
 };

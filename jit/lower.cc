@@ -361,12 +361,17 @@ Kernel build_scatter(const Lowerer& s, const Node* node, int slot) {
   return k;
 }
 
-// The buffer and strides a matmul operand reads: a chain of views over a buffer. False when the
-// views are not strided (a reshape that mixes dimensions): the operand then needs a buffer of its
-// own, noted in s.needs_buffer.
-bool matmul_operand(Lowerer& s, Kernel& k, const Node* in, int& buffer_out, int64_t strides[3], int64_t& offset) {
+// The buffer and strides a library operand (matmul, attention) reads: a chain of views over a
+// buffer, one stride per dim of `in`. False when the views are not strided (a reshape that mixes
+// dimensions): the operand then needs a buffer of its own, noted in s.needs_buffer.
+bool strided_operand(Lowerer& s, Kernel& k, const Node* in, int& buffer_out, int64_t* strides, int64_t& offset) {
   IndexContext ctx;  // its own variables: the operands have different extents
-  std::vector<IndexExpr> idx = {ctx.var("b", in->shape[0]), ctx.var("m", in->shape[1]), ctx.var("n", in->shape[2])};
+  std::vector<IndexExpr> idx;
+  std::vector<std::string> names;
+  for (size_t d = 0; d < in->shape.size(); ++d) {
+    names.push_back(fmt::format("d{}", d));
+    idx.push_back(ctx.var(names.back(), in->shape[d]));
+  }
   const Node* node = in;
   std::optional<IndexExpr> reshaped;  // set when reshapes lead straight to the buffer
   while (!s.has_slot(node)) {
@@ -380,7 +385,7 @@ bool matmul_operand(Lowerer& s, Kernel& k, const Node* in, int& buffer_out, int6
       }
     }
     KILN_CHECK(op_kind(node->op) == OpKind::Movement && node->op != Op::Pad, "jit",
-               "matmul operand through {} is not a view", op_name(node->op));
+               "library operand through {} is not a view", op_name(node->op));
     idx = view_source_index(ctx, *node, idx);
     node = node->inputs[0].get();
   }
@@ -389,11 +394,14 @@ bool matmul_operand(Lowerer& s, Kernel& k, const Node* in, int& buffer_out, int6
     s.needs_buffer = s.position.at(in);
     return false;
   }
-  const char* names[3] = {"b", "m", "n"};
-  for (int d = 0; d < 3; ++d) strides[d] = ctx.coefficient(lin, names[d]);
+  for (size_t d = 0; d < names.size(); ++d) strides[d] = ctx.coefficient(lin, names[d]);
   offset = lin.constant;
   buffer_out = KernelBuilder(s, k).buffer(s.slot_of.at(node), node->dtype);
   return true;
+}
+
+bool matmul_operand(Lowerer& s, Kernel& k, const Node* in, int& buffer_out, int64_t strides[3], int64_t& offset) {
+  return strided_operand(s, k, in, buffer_out, strides, offset);
 }
 
 // The buffer under a convolution operand: decide_materialization gave it one, maybe under reshapes.
@@ -464,6 +472,52 @@ Kernel build_conv(Lowerer& s, const Node* node, int slot) {
   return k;
 }
 
+// Forward: q, k, v strided; writes o (B, Tq, H, Dv) and lse (B, H, Tq) into its flat output.
+// Backward: q, k, v, the forward's flat output and dout strided; writes dq, dk, dv regions.
+bool build_attention(Lowerer& s, const Node* node, int slot, Kernel& k) {
+  k.kind = KernelKind::Attention;
+  KernelBuilder(s, k).buffer(slot, node->dtype, true);
+  AttentionCall& a = k.attention;
+  const prim::AttentionShape shape = prim::attention_shape(*node);
+  a.backward = node->op == Op::AttentionBackward;
+  a.causal = shape.causal;
+  a.scale = shape.scale;
+  a.B = shape.B, a.H = shape.H, a.Tq = shape.Tq, a.Tk = shape.Tk, a.D = shape.D, a.Dv = shape.Dv;
+  auto operand = [&](const Node* in, AttentionOperand& op) {
+    return strided_operand(s, k, in, op.buffer, op.strides, op.offset);
+  };
+  if (!operand(node->inputs[0].get(), a.q) || !operand(node->inputs[1].get(), a.k) ||
+      !operand(node->inputs[2].get(), a.v))
+    return false;
+  // A region of a flat buffer laid out (B, T, H, d): strides over (b, h, t, d).
+  auto region = [&](int buffer, int64_t offset, int64_t T, int64_t d) {
+    return AttentionOperand{buffer, {T * a.H * d, d, a.H * d, 1}, offset};
+  };
+  auto lse_region = [&](int buffer, int64_t offset) {  // (B, H, Tq)
+    return AttentionOperand{buffer, {a.H * a.Tq, a.Tq, 1, 0}, offset};
+  };
+  if (!a.backward) {
+    a.o = region(0, 0, a.Tq, a.Dv);
+    a.lse = lse_region(0, shape.out_elements());
+    k.summary = fmt::format("Attention{} q {} k {} v {}", a.causal ? " causal" : "", shape_str(node->inputs[0]->shape),
+                            shape_str(node->inputs[1]->shape), shape_str(node->inputs[2]->shape));
+  } else {
+    const Node* forward = node->inputs[3].get();
+    KILN_CHECK(s.has_slot(forward), "jit", "attention backward: the forward's output has no buffer");
+    const int fb = KernelBuilder(s, k).buffer(s.slot_of.at(forward), forward->dtype);
+    a.o = region(fb, 0, a.Tq, a.Dv);
+    a.lse = lse_region(fb, shape.out_elements());
+    if (!operand(node->inputs[4].get(), a.dout)) return false;
+    a.dq = region(0, 0, a.Tq, a.D);
+    a.dk = region(0, shape.dq_elements(), a.Tk, a.D);
+    a.dv = region(0, shape.dq_elements() + shape.dk_elements(), a.Tk, a.Dv);
+    k.summary = fmt::format("AttentionBackward{} q {} k {} v {}", a.causal ? " causal" : "",
+                            shape_str(node->inputs[0]->shape), shape_str(node->inputs[1]->shape),
+                            shape_str(node->inputs[2]->shape));
+  }
+  k.out_numel = node->numel();
+  return true;
+}
 
 // A materialized cast of a value that an elementwise kernel writes becomes a second output of
 // that kernel: one pass over the data instead of two. (An optimizer's update and autocast's
@@ -507,6 +561,10 @@ bool Lowerer::build_kernels() {
         }
         if (node->op == Op::QuantizedMatmul) {
           k = build_quantized_matmul(*this, node, slot);
+          break;
+        }
+        if (node->op == Op::Attention || node->op == Op::AttentionBackward) {
+          if (!build_attention(*this, node, slot, k)) return false;
           break;
         }
         if (node->op != Op::Matmul) {

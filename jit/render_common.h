@@ -70,6 +70,7 @@ inline constexpr OpPatterns kSharedPatterns = {{
     {Op::Matmul, nullptr, nullptr}, {Op::Conv2d, nullptr, nullptr}, {Op::Conv2dBackwardData, nullptr, nullptr},
     {Op::Conv2dBackwardWeight, nullptr, nullptr}, {Op::AllReduce, nullptr, nullptr},
     {Op::Send, nullptr, nullptr}, {Op::Recv, nullptr, nullptr}, {Op::QuantizedMatmul, nullptr, nullptr},
+    {Op::Attention, nullptr, nullptr}, {Op::AttentionBackward, nullptr, nullptr},
 }};
 
 // `table` with the entries of `math` replacing those of their ops.

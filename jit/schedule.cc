@@ -105,7 +105,9 @@ Schedule schedule(const PendingGraph& graph) {
     };
     if (node->op == Op::Gather)
       if (auto it = gather_source(node); it != position.end()) materialized[it->second] = true;
-    if (op_kind(node->op) == OpKind::Library && node->op != Op::Matmul) {
+    const bool strided_operands =
+        node->op == Op::Matmul || node->op == Op::Attention || node->op == Op::AttentionBackward;
+    if (op_kind(node->op) == OpKind::Library && !strided_operands) {
       // Convolutions read contiguous buffers; a reshape of one is the same memory.
       for (const NodePtr& in : node->inputs) {
         const Node* base = in.get();
@@ -117,7 +119,7 @@ Schedule schedule(const PendingGraph& graph) {
         if (!base->realized() && it != position.end()) materialized[it->second] = true;
       }
     }
-    if (node->op == Op::Matmul) {
+    if (strided_operands) {
       // Views (transpose, broadcast batch, slices) of a buffer are passed as strides instead.
       for (const NodePtr& in : node->inputs) {
         const Node* base = in.get();

@@ -9,6 +9,7 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "core/flags.h"
 #include "nn/checkpoint.h"
 #include "nn/init.h"
 #include "ops/ops.h"
@@ -25,7 +26,17 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   KILN_CHECK(dropout_p >= 0 && dropout_p < 1, "scaled_dot_product_attention", "dropout_p must be in [0, 1), got {}",
              dropout_p);
   const int64_t tq = q.size(-2), tk = k.size(-2);
-  Tensor scores = matmul(q, transpose(k, -2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  // The fused kernel covers what a transformer asks for: no mask but the causal one, no dropout
+  // on the weights; its tiles bound the head sizes it takes.
+  constexpr int64_t kMaxFusedHead = 256;
+  if (flags().fused_attention && !mask.defined() && dropout_p == 0 && (q.dim() == 3 || q.dim() == 4) &&
+      q.size(-1) <= kMaxFusedHead && v.size(-1) <= kMaxFusedHead && q.size(0) == k.size(0) &&
+      q.size(0) == v.size(0) && (q.dim() == 3 || (q.size(1) == k.size(1) && q.size(1) == v.size(1)))) {
+    if (q.dim() == 4) return fused_attention(q, k, v, causal, scale);
+    return fused_attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), causal, scale).squeeze(1);
+  }
+  Tensor scores = matmul(q, transpose(k, -2, -1)) * scale;
   const double minus_inf = -std::numeric_limits<double>::infinity();
   if (causal) {
     // Key j is in query i's future when j - i > tk - tq: the last query sees every key.

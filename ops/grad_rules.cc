@@ -220,6 +220,23 @@ Grads quantized_matmul_grad(const NodePtr&, const Tensor&) {
             "or train the float model and quantize it afterwards (nn::quantize_dynamic)");
 }
 
+// The output gradient is the first region of the packed gradient (the log-sum-exp region only
+// feeds the backward); the backward kernel's regions are dq, dk and dv.
+Grads attention_grad(const NodePtr& n, const Tensor& g) {
+  const prim::AttentionShape s = prim::attention_shape(*n);
+  const Tensor dout = prim::attention_output(g, n->inputs[0]->shape, s.Dv);
+  const Tensor grads = prim::attention_backward(out(n), dout);
+  auto region = [&](int64_t start, int64_t T, int64_t d) {
+    const Tensor flat = prim::slice(grads, {start}, {1}, {s.B * T * s.H * d});
+    return prim::permute(prim::reshape(flat, {s.B, T, s.H, d}), {0, 2, 1, 3});
+  };
+  return {region(0, s.Tq, s.D), region(s.dq_elements(), s.Tk, s.D),
+          region(s.dq_elements() + s.dk_elements(), s.Tk, s.Dv)};
+}
+Grads attention_backward_grad(const NodePtr&, const Tensor&) {
+  KILN_FAIL("attention", "the fused attention's backward has no gradient of its own (no double backward)");
+}
+
 struct GradEntry {
   Op op;
   GradRule rule;
@@ -242,6 +259,7 @@ constexpr GradEntry kGradRules[] = {
     {Op::Matmul, matmul_grad}, {Op::Conv2d, conv2d_grad}, {Op::Conv2dBackwardData, conv2d_backward_data_grad},
     {Op::Conv2dBackwardWeight, conv2d_backward_weight_grad}, {Op::AllReduce, all_reduce_grad},
     {Op::Send, no_grad_inputs}, {Op::Recv, no_grad_inputs}, {Op::QuantizedMatmul, quantized_matmul_grad},
+    {Op::Attention, attention_grad}, {Op::AttentionBackward, attention_backward_grad},
 };
 
 constexpr bool covers_every_op() {

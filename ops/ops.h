@@ -154,6 +154,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, std::array<int64_t, 2> stride = {1, 1},
               std::array<int64_t, 2> padding = {0, 0}, std::array<int64_t, 2> dilation = {1, 1}, int64_t groups = 1);
 
+// softmax(scale q kᵀ [causal]) v in one kernel (flash attention: tiles of keys, online softmax;
+// the backward recomputes the scores), so no (Tq, Tk) matrix is kept for the backward: q
+// (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) -> (B, H, Tq, Dv), views of any strides.
+// float32 and float64 (other float types compute in float32). `causal`: query i sees keys
+// j <= i + (Tk - Tq). nn::scaled_dot_product_attention calls it where it applies.
+Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale);
+
 // ---- composites (built from the primitives above; gradients come for free) ----
 Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x, bool tanh_approximation = false);

@@ -73,6 +73,30 @@ Tensor quantized_matmul(const Tensor& a, const Tensor& b);
 Tensor pack_quantized_weight(const Tensor& b);
 Tensor quantized_matmul_packed(const Tensor& a, const Tensor& packed, int64_t N);
 
+// Fused attention: softmax(scale q kᵀ [causal]) v over q (B, H, Tq, D), k (B, H, Tk, D),
+// v (B, H, Tk, Dv), float32 or float64, in one kernel that keeps no (Tq, Tk) matrix. `causal`:
+// key j is hidden from query i when j > i + (Tk - Tq). The node's value is one flat buffer: the
+// output laid out (B, Tq, H, Dv), then the log-sum-exp of each row of scores (B, H, Tq) that its
+// backward reads; attention_output views the first region as (B, H, Tq, Dv).
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale);
+Tensor attention_output(const Tensor& packed, const Shape& q_shape, int64_t dv);
+// dq, dk and dv of an attention node `packed` from its output gradient `dout` (B, H, Tq, Dv): one
+// flat buffer of dq (B, Tq, H, D), dk (B, Tk, H, D) and dv (B, Tk, H, Dv) laid end to end. Its
+// inputs are q, k, v, packed and dout.
+Tensor attention_backward(const Tensor& packed, const Tensor& dout);
+// The sizes of an Attention or AttentionBackward node, and where its regions start.
+struct AttentionShape {
+  int64_t B, H, Tq, Tk, D, Dv;
+  bool causal;
+  double scale;
+  int64_t out_elements() const { return B * Tq * H * Dv; }           // Attention: o, then lse
+  int64_t lse_elements() const { return B * H * Tq; }
+  int64_t dq_elements() const { return B * Tq * H * D; }             // AttentionBackward: dq, dk, dv
+  int64_t dk_elements() const { return B * Tk * H * D; }
+  int64_t dv_elements() const { return B * Tk * H * Dv; }
+};
+AttentionShape attention_shape(const Node& node);
+
 // 2-D convolution and its two adjoints over contiguous NCHW data, weight (OC, C / groups, KH, KW).
 // conv = {stride h, w, padding h, w, dilation h, w, groups}; shapes are checked by the caller
 // (kiln::conv2d) and again here.

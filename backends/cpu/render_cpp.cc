@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/error.h"
+#include "backends/cpu/attention_prelude.h"
 #include "backends/cpu/cpu_prelude.h"
 #include "jit/math_prelude.h"
 #include "jit/random_prelude.h"
@@ -50,6 +53,8 @@ class CppKernelRenderer {
   }
   void render_column_reduce(std::string& out, const char* acc_t, const std::string& init, bool is_sum,
                             bool parallel) const;
+  std::string attention_view(const AttentionOperand& op) const;
+  void render_attention(std::string& out) const;
 
   const Kernel& k_;
   ValueRenderer values_{k_, kCppPatterns};
@@ -91,6 +96,27 @@ void CppKernelRenderer::render_column_reduce(std::string& out, const char* acc_t
   out += "    }\n  }\n";
 }
 
+std::string CppKernelRenderer::attention_view(const AttentionOperand& op) const {
+  return fmt::format("KilnAttnView<{}, {}LL, {}LL, {}LL, {}LL>{{{} + {}LL}}", compute_type(k_.buffers[0].dtype),
+                     op.strides[0], op.strides[1], op.strides[2], op.strides[3], buf(op.buffer), op.offset);
+}
+
+// A call of the prelude's template (backends/cpu/attention_prelude.h) with every size constant.
+// Tiles of up to 64 query rows by 64 keys; the key tile is a multiple of 16 (one AVX-512 vector
+// of floats) so its rows vectorize without a remainder.
+void CppKernelRenderer::render_attention(std::string& out) const {
+  const AttentionCall& a = k_.attention;
+  const int64_t br = std::min<int64_t>(64, a.Tq), bc = std::min<int64_t>(64, (a.Tk + 15) / 16 * 16);
+  const char* t = compute_type(k_.buffers[0].dtype);
+  out += fmt::format("  kiln_attention_{}<{}, {}LL, {}LL, {}LL, {}LL, {}LL, {}LL, {}LL, {}LL, {}>(\n",
+                     a.backward ? "backward" : "forward", t, a.B, a.H, a.Tq, a.Tk, a.D, a.Dv, br, bc,
+                     a.causal ? "true" : "false");
+  std::vector<const AttentionOperand*> ops = {&a.q, &a.k, &a.v, &a.o, &a.lse};
+  if (a.backward) ops.insert(ops.end(), {&a.dout, &a.dq, &a.dk, &a.dv});
+  for (const AttentionOperand* op : ops) out += "      " + attention_view(*op) + ",\n";
+  out += fmt::format("      ({}){:.17g});\n", t, a.scale);
+}
+
 std::string CppKernelRenderer::render() {
   std::string out;
   out += fmt::format("// {}\nextern \"C\" void {}(void* const* bufs, const double* sc, const int64_t* isc, int64_t* err) {{\n",
@@ -114,7 +140,9 @@ std::string CppKernelRenderer::render() {
   const bool parallel = work > kParallelThreshold;
   const std::string parallel_for = parallel ? "parallel for " : "";
 
-  if (k_.kind == KernelKind::Elementwise) {
+  if (k_.kind == KernelKind::Attention) {
+    render_attention(out);
+  } else if (k_.kind == KernelKind::Elementwise) {
     const Loop& l0 = k_.loops[0];
     if (k_.loops.size() == 1) {
       out += fmt::format("  #pragma omp {}simd\n", parallel_for);
@@ -207,6 +235,9 @@ std::string CppKernelRenderer::render() {
 
 std::string render_cpp(const std::vector<Kernel>& kernels) {
   std::string src = std::string(kCpuPrelude) + kMathPrelude + kRandomPrelude;
+  // Only a plan with attention pays for compiling its templates.
+  if (std::any_of(kernels.begin(), kernels.end(), [](const Kernel& k) { return k.kind == KernelKind::Attention; }))
+    src += kAttentionPrelude;
   for (const Kernel& k : kernels)
     if (!is_library(k.kind)) src += "\n" + CppKernelRenderer(k).render();
   return src;

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "backends/cuda/attention_cuda.h"
 #include "backends/cuda/cuda_prelude.h"
 #include "jit/math_prelude.h"
 #include "jit/random_prelude.h"
@@ -96,6 +97,7 @@ class CudaKernelRenderer {
   };
   Rows rows() const;
   void scatter(std::string& out, std::vector<CudaLaunch>& launches) const;
+  void attention(std::string& out, std::vector<CudaLaunch>& launches) const;
 
  public:
   // One row-group phase (render_row_group): this kernel's work for row `t` by the whole block.
@@ -341,6 +343,10 @@ CudaKernelRenderer::Rows CudaKernelRenderer::rows() const {
 }
 
 int64_t CudaKernelRenderer::scratch_bytes() const {
+  if (k_.kind == KernelKind::Attention) {  // the backward's delta per query row
+    const AttentionCall& a = k_.attention;
+    return a.backward ? a.B * a.H * a.Tq * static_cast<int64_t>(dtype_size(k_.buffers[0].dtype)) : 0;
+  }
   if (k_.kind != KernelKind::Reduce) return 0;
   const DType t = k_.buffers[0].dtype;
   const auto acc = static_cast<int64_t>(t == DType::Float16 || t == DType::BFloat16 ? sizeof(float) : dtype_size(t));
@@ -438,6 +444,39 @@ void CudaKernelRenderer::scatter(std::string& out, std::vector<CudaLaunch>& laun
   launches.push_back({k_.name, blocks_for(work, kThreads), kThreads});
 }
 
+// Calls of backends/cuda/attention_cuda.h's templates with every size and stride constant: the
+// forward in one function, the backward in two (query rows, then key rows).
+void CudaKernelRenderer::attention(std::string& out, std::vector<CudaLaunch>& launches) const {
+  const AttentionCall& a = k_.attention;
+  const char* t = compute_type(k_.buffers[0].dtype);
+  auto view = [&](const AttentionOperand& op) {
+    const bool written = k_.buffers[static_cast<size_t>(op.buffer)].written;  // inputs are const pointers
+    return fmt::format("KilnAttnView<{}{}, {}LL, {}LL, {}LL, {}LL>{{{} + {}LL}}", written ? "" : "const ", t,
+                       op.strides[0], op.strides[1], op.strides[2], op.strides[3], values_.buf(op.buffer), op.offset);
+  };
+  const std::string sizes = fmt::format("{}, {}LL, {}LL, {}LL, {}LL, {}LL, {}LL, {}", t, a.B, a.H, a.Tq, a.Tk, a.D,
+                                        a.Dv, a.causal ? "true" : "false");
+  const std::string qkv = view(a.q) + ", " + view(a.k) + ", " + view(a.v);
+  auto function = [&](const std::string& name, const std::string& call, int64_t rows) {
+    out += "\n" + signature(name) + "  " + call + "\n}\n";
+    launches.push_back({name, blocks_for(rows, kThreads), kThreads});
+  };
+  if (!a.backward) {
+    function(k_.name, fmt::format("kiln_attention_forward<{}>({}, {}, {}, ({}){:.17g});", sizes, qkv, view(a.o),
+                                  view(a.lse), t, a.scale),
+             a.B * a.H * a.Tq);
+    return;
+  }
+  function(k_.name + "_q",
+           fmt::format("kiln_attention_backward_q<{}>({}, {}, {}, {}, {}, ({}*)plan_scratch, ({}){:.17g});", sizes, qkv,
+                       view(a.o), view(a.lse), view(a.dout), view(a.dq), t, t, a.scale),
+           a.B * a.H * a.Tq);
+  function(k_.name + "_kv",
+           fmt::format("kiln_attention_backward_kv<{}>({}, {}, {}, {}, {}, (const {}*)plan_scratch, ({}){:.17g});",
+                       sizes, qkv, view(a.lse), view(a.dout), view(a.dk), view(a.dv), t, t, a.scale),
+           a.B * a.H * a.Tk);
+}
+
 // A reduce kernel's row `t`: the block folds it and thread 0 stores the result, which the
 // barrier after the phase makes visible to the rest of the block. An elementwise kernel's row:
 // the block's threads take its elements in turn.
@@ -474,6 +513,7 @@ std::vector<CudaLaunch> CudaKernelRenderer::render(std::string& out) {
       else row_reduce(out, launches);
       break;
     case KernelKind::Scatter: scatter(out, launches); break;
+    case KernelKind::Attention: attention(out, launches); break;
     case KernelKind::Matmul:
     case KernelKind::Conv:
     case KernelKind::Collective:
@@ -587,6 +627,9 @@ void render_row_group(const std::vector<Kernel>& kernels, size_t a, size_t b, Cu
 
 CudaSource render_cuda(const std::vector<Kernel>& kernels, const std::vector<int>& groups) {
   CudaSource result;
+  // Only a plan with attention pays for compiling its templates.
+  if (std::any_of(kernels.begin(), kernels.end(), [](const Kernel& k) { return k.kind == KernelKind::Attention; }))
+    result.functions += kCudaAttention;
   result.launches.resize(kernels.size());
   result.parameter_slots.resize(kernels.size());
   result.parameter_types.resize(kernels.size());

@@ -94,7 +94,10 @@ TEST_CASE("scaled_dot_product_attention matches a loop reference and passes grad
           "[transformer][gradcheck]") {
   const int64_t t = 4, d = 3;
   Tensor q = uniform({1, t, d}, -1, 1, 11), k = uniform({1, t, d}, -1, 1, 12), v = uniform({1, t, d}, -1, 1, 13);
-  for (bool causal : {false, true}) {
+  // The fused kernel (the default) and the composite alike.
+  for (auto [causal, fused] : {std::pair{false, true}, {true, true}, {false, false}, {true, false}}) {
+    FlagsGuard guard;
+    flags().fused_attention = fused;
     std::vector<double> want = reference_attention(q.to_doubles(), k.to_doubles(), v.to_doubles(), t, d, causal);
     std::vector<double> got = nn::scaled_dot_product_attention(q, k, v, {}, 0.0, causal).to_doubles();
     for (size_t i = 0; i < want.size(); ++i) CHECK(got[i] == Approx(want[i]).margin(1e-12));
@@ -105,12 +108,14 @@ TEST_CASE("scaled_dot_product_attention matches a loop reference and passes grad
   }
   // A bool mask saying "may attend" equals the causal flag; a float mask is added to the scores.
   Tensor lower = from_vector<bool>({1, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1}, {t, t});
-  CHECK(nn::scaled_dot_product_attention(q, k, v, lower).to_doubles() ==
-        nn::scaled_dot_product_attention(q, k, v, {}, 0.0, true).to_doubles());
+  std::vector<double> bool_masked = nn::scaled_dot_product_attention(q, k, v, lower).to_doubles();
   Tensor additive = where(lower, scalar(0.0, DType::Float64), scalar(-1e300, DType::Float64));
   std::vector<double> masked = nn::scaled_dot_product_attention(q, k, v, additive).to_doubles();
   std::vector<double> causal = nn::scaled_dot_product_attention(q, k, v, {}, 0.0, true).to_doubles();
-  for (size_t i = 0; i < masked.size(); ++i) CHECK(masked[i] == Approx(causal[i]).margin(1e-12));
+  for (size_t i = 0; i < masked.size(); ++i) {
+    CHECK(masked[i] == Approx(causal[i]).margin(1e-12));
+    CHECK(bool_masked[i] == Approx(causal[i]).margin(1e-12));
+  }
   CHECK_THROWS_WITH(nn::scaled_dot_product_attention(q, k, uniform({1, t + 1, d}, -1, 1, 1)), Catch::Contains("(..., Tk, dv)"));
 }
 

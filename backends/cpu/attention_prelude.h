@@ -1,0 +1,285 @@
+// Source text of the fused attention kernels on the host (flash-attention style), added to a
+// generated translation unit that has an Attention kernel (jit/kernel_ir.h AttentionCall). The
+// rendered kernel calls them with its sizes, strides and tile sizes as constants.
+//
+// Scores live in (BR, BC) tiles: a block of query rows against a block of keys, with a running
+// maximum and sum per row (online softmax), so no (Tq, Tk) matrix is ever in memory. The
+// backward recomputes each tile's probabilities from the saved log-sum-exp of every row. One task
+// per (batch, head[, block of query rows]): tasks are independent and each sums in a fixed order,
+// so results do not depend on the number of threads.
+#pragma once
+
+namespace kiln::cpu {
+
+inline constexpr const char* kAttentionPrelude = R"KILN(
+#include <stdlib.h>
+#include <string.h>
+
+static inline float kiln_attn_exp(float x) { return kiln_expf(x); }
+static inline double kiln_attn_exp(double x) { return __builtin_exp(x); }
+static inline float kiln_attn_log(float x) { return kiln_logf(x); }
+static inline double kiln_attn_log(double x) { return __builtin_log(x); }
+
+// An operand over (batch, head, position, feature) at constant element strides (constants, so
+// that the compiler sees contiguous rows where there are some).
+template <typename T, int64_t SB, int64_t SH, int64_t ST, int64_t SD>
+struct KilnAttnView {
+  T* p;
+  T& at(int64_t b, int64_t h, int64_t t, int64_t d) const { return p[b * SB + h * SH + t * ST + d * SD]; }
+};
+
+// Scratch of one task, 64-byte aligned; freed when the task ends.
+template <typename T>
+struct KilnAttnScratch {
+  T* base;
+  explicit KilnAttnScratch(int64_t elements) {
+    base = (T*)aligned_alloc(64, (size_t)((elements * (int64_t)sizeof(T) + 63) / 64 * 64));
+  }
+  ~KilnAttnScratch() { free(base); }
+};
+
+// Tiles are products of small matrices held in one task's scratch, rows padded with zeros to a
+// whole number of 64-byte vectors, so the products below are vector-only (GCC's vector extension
+// compiles to the widest vectors -march=native has). Multiply-add contraction is allowed in
+// them: attention is compared with a tolerance, never bit for bit with another backend.
+template <typename T>
+struct KilnAttnVec {
+  typedef T type __attribute__((vector_size(64)));
+  static constexpr int64_t lanes = 64 / sizeof(T);
+};
+
+// C[i][:N] = sum_k A[i][k] * Bt[k][:N] for i < rows (A rows K long): scores of a tile.
+template <typename T, int64_t K, int64_t N>
+__attribute__((optimize("fp-contract=fast"))) static inline void kiln_tile_abt(const T* A, const T* Bt, T* C,
+                                                                               int64_t rows) {
+  typedef typename KilnAttnVec<T>::type V;
+  constexpr int64_t NV = N / KilnAttnVec<T>::lanes;
+  const V* b = (const V*)Bt;
+  V* c = (V*)C;
+  int64_t i = 0;
+  for (; i + 2 <= rows; i += 2) {
+    V c0[NV], c1[NV];
+    #pragma GCC unroll 16
+    for (int64_t v = 0; v < NV; ++v) c0[v] = c1[v] = V{};
+    for (int64_t k = 0; k < K; ++k) {
+      const T a0 = A[i * K + k], a1 = A[(i + 1) * K + k];
+      #pragma GCC unroll 16
+      for (int64_t v = 0; v < NV; ++v) {
+        c0[v] += a0 * b[k * NV + v];
+        c1[v] += a1 * b[k * NV + v];
+      }
+    }
+    #pragma GCC unroll 16
+    for (int64_t v = 0; v < NV; ++v) c[i * NV + v] = c0[v], c[(i + 1) * NV + v] = c1[v];
+  }
+  for (; i < rows; ++i) {
+    V c0[NV];
+    #pragma GCC unroll 16
+    for (int64_t v = 0; v < NV; ++v) c0[v] = V{};
+    for (int64_t k = 0; k < K; ++k)
+      #pragma GCC unroll 16
+      for (int64_t v = 0; v < NV; ++v) c0[v] += A[i * K + k] * b[k * NV + v];
+    #pragma GCC unroll 16
+    for (int64_t v = 0; v < NV; ++v) c[i * NV + v] = c0[v];
+  }
+}
+
+// C[m][:N] += sum_{k < count} A[m * a_row + k * a_col] * B[k][:N] for m < rows: a tile of
+// probabilities (or their transpose, a_row 1) times values, keys or query rows.
+template <typename T, int64_t N>
+__attribute__((optimize("fp-contract=fast"))) static inline void kiln_tile_acc(const T* A, int64_t a_row,
+                                                                               int64_t a_col, int64_t count,
+                                                                               const T* B, T* C, int64_t rows) {
+  typedef typename KilnAttnVec<T>::type V;
+  constexpr int64_t NV = N / KilnAttnVec<T>::lanes;
+  constexpr int64_t RB = NV <= 2 ? 4 : (NV <= 4 ? 2 : 1);  // rows at once: about 8 accumulators
+  const V* b = (const V*)B;
+  V* c = (V*)C;
+  int64_t m = 0;
+  for (; m + RB <= rows; m += RB) {
+    V acc[RB][NV];
+    #pragma GCC unroll 16
+    for (int64_t r = 0; r < RB; ++r)
+      #pragma GCC unroll 16
+      for (int64_t v = 0; v < NV; ++v) acc[r][v] = c[(m + r) * NV + v];
+    for (int64_t k = 0; k < count; ++k)
+      #pragma GCC unroll 16
+      for (int64_t r = 0; r < RB; ++r) {
+        const T a = A[(m + r) * a_row + k * a_col];
+        #pragma GCC unroll 16
+        for (int64_t v = 0; v < NV; ++v) acc[r][v] += a * b[k * NV + v];
+      }
+    #pragma GCC unroll 16
+    for (int64_t r = 0; r < RB; ++r)
+      #pragma GCC unroll 16
+      for (int64_t v = 0; v < NV; ++v) c[(m + r) * NV + v] = acc[r][v];
+  }
+  for (; m < rows; ++m)
+    for (int64_t k = 0; k < count; ++k) {
+      const T a = A[m * a_row + k * a_col];
+      #pragma GCC unroll 16
+      for (int64_t v = 0; v < NV; ++v) c[m * NV + v] += a * b[k * NV + v];
+    }
+}
+
+// How many keys of the tile starting at key j0 (cols of them) query i sees: keys beyond
+// i + (TK - TQ) are in its future.
+template <bool CAUSAL, int64_t TQ, int64_t TK, int64_t BC>
+static inline int64_t kiln_attn_seen(int64_t i, int64_t j0, int64_t cols) {
+  if (!CAUSAL) return cols;
+  const int64_t horizon = i + (TK - TQ) - j0 + 1;
+  return horizon < 0 ? 0 : (horizon < cols ? horizon : cols);
+}
+
+// Feature counts padded to whole vectors.
+template <typename T, int64_t D>
+inline constexpr int64_t kiln_attn_pad = (D + KilnAttnVec<T>::lanes - 1) / KilnAttnVec<T>::lanes * KilnAttnVec<T>::lanes;
+
+// o = softmax(scale q kᵀ [causal]) v and lse = the log-sum-exp of each row of scaled scores.
+// BC is a multiple of 16 (whole vectors of floats and of doubles).
+template <typename T, int64_t B, int64_t H, int64_t TQ, int64_t TK, int64_t D, int64_t DV, int64_t BR, int64_t BC,
+          bool CAUSAL, class Q, class K, class V, class O, class L>
+static void kiln_attention_forward(Q q, K k, V v, O o, L lse, T scale) {
+  constexpr int64_t DP = kiln_attn_pad<T, D>, DVP = kiln_attn_pad<T, DV>;
+  constexpr int64_t kBlocks = (TQ + BR - 1) / BR;
+  constexpr int64_t kScratch = BR * DP + BR * DVP + BR * BC + DP * BC + BC * DVP + 2 * BR;
+  #pragma omp parallel for schedule(dynamic) if (B * H * kBlocks > 1 && B * H * TQ * TK * (D + DV) > 32768)
+  for (int64_t task = 0; task < B * H * kBlocks; ++task) {
+    const int64_t b = task / (H * kBlocks), h = task / kBlocks % H, i0 = task % kBlocks * BR;
+    const int64_t rows = TQ - i0 < BR ? TQ - i0 : BR;
+    KilnAttnScratch<T> scratch(kScratch);
+    T* qs = scratch.base;      // [BR][DP] scaled query rows
+    T* acc = qs + BR * DP;     // [BR][DVP] unnormalized output rows
+    T* s = acc + BR * DVP;     // [BR][BC] scores, then probabilities
+    T* kt = s + BR * BC;       // [DP][BC] keys, transposed
+    T* vb = kt + DP * BC;      // [BC][DVP] values
+    T* m = vb + BC * DVP;      // [BR] running maximum
+    T* l = m + BR;             // [BR] running sum
+    memset(scratch.base, 0, sizeof(T) * kScratch);
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t d = 0; d < D; ++d) qs[i * DP + d] = scale * q.at(b, h, i0 + i, d);
+      m[i] = -__builtin_inf();
+    }
+    // Keys past the last row's horizon are in every row's future.
+    const int64_t key_end = CAUSAL ? (i0 + rows + TK - TQ < TK ? i0 + rows + TK - TQ : TK) : TK;
+    for (int64_t j0 = 0; j0 < key_end; j0 += BC) {
+      const int64_t cols = key_end - j0 < BC ? key_end - j0 : BC;
+      for (int64_t j = 0; j < BC; ++j) {
+        for (int64_t d = 0; d < D; ++d) kt[d * BC + j] = j < cols ? k.at(b, h, j0 + j, d) : (T)0;
+        for (int64_t d = 0; d < DV; ++d) vb[j * DVP + d] = j < cols ? v.at(b, h, j0 + j, d) : (T)0;
+      }
+      kiln_tile_abt<T, DP, BC>(qs, kt, s, rows);
+      for (int64_t i = 0; i < rows; ++i) {
+        T* si = s + i * BC;
+        const int64_t seen = kiln_attn_seen<CAUSAL, TQ, TK, BC>(i0 + i, j0, cols);
+        T top = -__builtin_inf();
+        #pragma omp simd reduction(max:top)
+        for (int64_t j = 0; j < BC; ++j) {
+          si[j] = j < seen ? si[j] : -__builtin_inf();
+          top = si[j] > top ? si[j] : top;
+        }
+        const T m_new = top > m[i] ? top : m[i];
+        if (m_new == -__builtin_inf()) {  // no key visible yet: nothing to add
+          for (int64_t j = 0; j < BC; ++j) si[j] = 0;
+          continue;
+        }
+        const T alpha = kiln_attn_exp(m[i] - m_new);
+        T sum = 0;
+        #pragma omp simd reduction(+:sum)
+        for (int64_t j = 0; j < BC; ++j) {
+          si[j] = kiln_attn_exp(si[j] - m_new);
+          sum += si[j];
+        }
+        l[i] = l[i] * alpha + sum;
+        m[i] = m_new;
+        #pragma omp simd
+        for (int64_t d = 0; d < DVP; ++d) acc[i * DVP + d] *= alpha;
+      }
+      kiln_tile_acc<T, DVP>(s, BC, 1, cols, vb, acc, rows);
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      const T inv = (T)1 / l[i];  // no visible key at all: 0 / 0, as the composite's softmax
+      for (int64_t d = 0; d < DV; ++d) o.at(b, h, i0 + i, d) = acc[i * DVP + d] * inv;
+      lse.at(b, h, i0 + i, 0) = m[i] + kiln_attn_log(l[i]);
+    }
+  }
+}
+
+// dq, dk, dv of the forward above from its o, lse and the output gradient do_: per (batch, head),
+// blocks of keys (outer) against blocks of query rows (inner), probabilities recomputed per tile.
+template <typename T, int64_t B, int64_t H, int64_t TQ, int64_t TK, int64_t D, int64_t DV, int64_t BR, int64_t BC,
+          bool CAUSAL, class Q, class K, class V, class O, class L, class DO, class DQ, class DK, class DV_>
+static void kiln_attention_backward(Q q, K k, V v, O o, L lse, DO do_, DQ dq, DK dk, DV_ dv, T scale) {
+  constexpr int64_t DP = kiln_attn_pad<T, D>, DVP = kiln_attn_pad<T, DV>;
+  constexpr int64_t TQP = (TQ + 15) / 16 * 16;  // keeps the regions after delta vector-aligned
+  constexpr int64_t kScratch = TQP + TQ * DP + BR * DP + BR * DVP + 3 * BR * BC + DP * BC + BC * DP + DVP * BC +
+                               BC * DP + BC * DVP;
+  #pragma omp parallel for schedule(dynamic) if (B * H > 1 && B * H * TQ * TK * (D + DV) > 32768)
+  for (int64_t task = 0; task < B * H; ++task) {
+    const int64_t b = task / H, h = task % H;
+    KilnAttnScratch<T> scratch(kScratch);
+    T* delta = scratch.base;     // [TQ] rowsum(do * o)
+    T* dqa = delta + TQP;        // [TQ][DP] dq, unscaled
+    T* qs = dqa + TQ * DP;       // [BR][DP] scaled query rows
+    T* dob = qs + BR * DP;       // [BR][DVP] output gradient rows
+    T* p = dob + BR * DVP;       // [BR][BC] probabilities
+    T* dp = p + BR * BC;         // [BR][BC] do vᵀ
+    T* ds = dp + BR * BC;        // [BR][BC] score gradients
+    T* kt = ds + BR * BC;        // [DP][BC] keys, transposed
+    T* kb = kt + DP * BC;        // [BC][DP] keys
+    T* vt = kb + BC * DP;        // [DVP][BC] values, transposed
+    T* dka = vt + DVP * BC;      // [BC][DP]
+    T* dva = dka + BC * DP;      // [BC][DVP]
+    memset(scratch.base, 0, sizeof(T) * kScratch);
+    for (int64_t i = 0; i < TQ; ++i) {
+      T sum = 0;
+      for (int64_t d = 0; d < DV; ++d) sum += do_.at(b, h, i, d) * o.at(b, h, i, d);
+      delta[i] = sum;
+    }
+    for (int64_t j0 = 0; j0 < TK; j0 += BC) {
+      const int64_t cols = TK - j0 < BC ? TK - j0 : BC;
+      for (int64_t j = 0; j < BC; ++j) {
+        for (int64_t d = 0; d < D; ++d) {
+          const T kv = j < cols ? k.at(b, h, j0 + j, d) : (T)0;
+          kt[d * BC + j] = kv;
+          kb[j * DP + d] = kv;
+        }
+        for (int64_t d = 0; d < DV; ++d) vt[d * BC + j] = j < cols ? v.at(b, h, j0 + j, d) : (T)0;
+      }
+      memset(dka, 0, sizeof(T) * (BC * DP + BC * DVP));  // dka and dva
+      // Query rows before the first one that sees key j0 contribute nothing.
+      const int64_t first = CAUSAL ? (j0 - (TK - TQ) > 0 ? j0 - (TK - TQ) : 0) : 0;
+      for (int64_t i0 = first; i0 < TQ; i0 += BR) {
+        const int64_t rows = TQ - i0 < BR ? TQ - i0 : BR;
+        for (int64_t i = 0; i < rows; ++i) {
+          for (int64_t d = 0; d < D; ++d) qs[i * DP + d] = scale * q.at(b, h, i0 + i, d);
+          for (int64_t d = 0; d < DV; ++d) dob[i * DVP + d] = do_.at(b, h, i0 + i, d);
+        }
+        kiln_tile_abt<T, DP, BC>(qs, kt, p, rows);
+        kiln_tile_abt<T, DVP, BC>(dob, vt, dp, rows);
+        for (int64_t i = 0; i < rows; ++i) {
+          const T li = lse.at(b, h, i0 + i, 0), di = delta[i0 + i];
+          const int64_t seen = li == -__builtin_inf() ? 0 : kiln_attn_seen<CAUSAL, TQ, TK, BC>(i0 + i, j0, cols);
+          #pragma omp simd
+          for (int64_t j = 0; j < BC; ++j) {
+            const T pij = j < seen ? kiln_attn_exp(p[i * BC + j] - li) : (T)0;
+            p[i * BC + j] = pij;
+            ds[i * BC + j] = pij * (dp[i * BC + j] - di);
+          }
+        }
+        kiln_tile_acc<T, DVP>(p, 1, BC, rows, dob, dva, cols);             // dv[j] += p[i][j] do[i]
+        kiln_tile_acc<T, DP>(ds, 1, BC, rows, qs, dka, cols);              // dk[j] += ds[i][j] q[i]
+        kiln_tile_acc<T, DP>(ds, BC, 1, cols, kb, dqa + i0 * DP, rows);    // dq[i] += ds[i][j] k[j]
+      }
+      for (int64_t j = 0; j < cols; ++j) {
+        for (int64_t d = 0; d < D; ++d) dk.at(b, h, j0 + j, d) = dka[j * DP + d];
+        for (int64_t d = 0; d < DV; ++d) dv.at(b, h, j0 + j, d) = dva[j * DVP + d];
+      }
+    }
+    for (int64_t i = 0; i < TQ; ++i)
+      for (int64_t d = 0; d < D; ++d) dq.at(b, h, i, d) = scale * dqa[i * DP + d];
+  }
+}
+)KILN";
+
+}  // namespace kiln::cpu

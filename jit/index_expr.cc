@@ -52,7 +52,9 @@ int IndexContext::intern(IndexAtom atom) {
   for (size_t i = 0; i < atoms_.size(); ++i) {
     const IndexAtom& o = atoms_[i];
     if (o.kind != atom.kind || o.divisor != atom.divisor) continue;
-    if (atom.kind == IndexAtom::Kind::Var ? o.name == atom.name : same(inners_[o.inner], inners_[atom.inner]))
+    if (atom.kind == IndexAtom::Kind::Var ? o.name == atom.name && o.shift == atom.shift && o.min == atom.min &&
+                                                o.max == atom.max
+                                          : same(inners_[o.inner], inners_[atom.inner]))
       return static_cast<int>(i);
   }
   atoms_.push_back(std::move(atom));
@@ -60,10 +62,47 @@ int IndexContext::intern(IndexAtom atom) {
 }
 
 IndexExpr IndexContext::var(const std::string& name, int64_t extent) {
-  IndexAtom a{IndexAtom::Kind::Var, name, -1, 1, 0, std::max<int64_t>(extent - 1, 0)};
+  const int64_t last = std::max<int64_t>(extent - 1, 0);
+  IndexAtom a{IndexAtom::Kind::Var, name, -1, 1, 0, last, 0, 0, last};
   int id = intern(a);
   if (extent <= 1) return constant(0);
   return IndexExpr{{{1, id}}, 0};
+}
+
+IndexExpr IndexContext::var_in(const std::string& name, int64_t extent, int64_t lo, int64_t hi) {
+  const int64_t last = std::max<int64_t>(extent - 1, 0);
+  lo = std::max<int64_t>(lo, 0), hi = std::min(hi, last);
+  if ((lo == 0 && hi == last) || lo > hi) return var(name, extent);  // nothing to narrow, or never read
+  if (lo == hi) return constant(lo);  // the only value that is read
+  IndexAtom a{IndexAtom::Kind::Var, name, -1, 1, 0, hi - lo, lo, -lo, last - lo};
+  return IndexExpr{{{1, intern(a)}}, lo};
+}
+
+std::pair<int64_t, int64_t> IndexContext::whole_range(const IndexAtom& atom) const {
+  if (atom.kind == IndexAtom::Kind::Var) return {atom.whole_min, atom.whole_max};
+  const IndexExpr& inner = inners_[atom.inner];
+  const int64_t lo = whole_min(inner), hi = whole_max(inner), d = atom.divisor;
+  if (atom.kind == IndexAtom::Kind::Div) return {floor_div(lo, d), floor_div(hi, d)};
+  if (lo >= 0) return {0, std::min(d - 1, hi)};
+  return {-(d - 1), d - 1};
+}
+
+int64_t IndexContext::whole_min(const IndexExpr& a) const {
+  int64_t v = a.constant;
+  for (auto& t : a.terms) {
+    const auto [lo, hi] = whole_range(atoms_[t.atom]);
+    v += t.coeff > 0 ? t.coeff * lo : t.coeff * hi;
+  }
+  return v;
+}
+
+int64_t IndexContext::whole_max(const IndexExpr& a) const {
+  int64_t v = a.constant;
+  for (auto& t : a.terms) {
+    const auto [lo, hi] = whole_range(atoms_[t.atom]);
+    v += t.coeff > 0 ? t.coeff * hi : t.coeff * lo;
+  }
+  return v;
 }
 
 IndexExpr IndexContext::add(const IndexExpr& a, const IndexExpr& b) const {
@@ -218,10 +257,20 @@ bool IndexContext::uses_var(const IndexExpr& a, const std::string& var) const {
   return false;
 }
 
+int64_t IndexContext::offset(const IndexExpr& a) const {
+  int64_t c = a.constant;
+  for (auto& t : a.terms) {
+    const IndexAtom& atom = atoms_[t.atom];
+    if (atom.kind == IndexAtom::Kind::Var) c -= t.coeff * atom.shift;
+  }
+  return c;
+}
+
 int64_t IndexContext::coefficient(const IndexExpr& a, const std::string& name) const {
+  int64_t c = 0;  // a variable and a narrowed copy of it (var_in) may both appear
   for (auto& t : a.terms)
-    if (atoms_[t.atom].kind == IndexAtom::Kind::Var && atoms_[t.atom].name == name) return t.coeff;
-  return 0;
+    if (atoms_[t.atom].kind == IndexAtom::Kind::Var && atoms_[t.atom].name == name) c += t.coeff;
+  return c;
 }
 
 int64_t IndexContext::evaluate(const IndexExpr& a, const std::vector<std::pair<std::string, int64_t>>& vars) const {
@@ -231,7 +280,7 @@ int64_t IndexContext::evaluate(const IndexExpr& a, const std::vector<std::pair<s
     int64_t x = 0;
     if (atom.kind == IndexAtom::Kind::Var) {
       for (auto& [name, value] : vars)
-        if (name == atom.name) x = value;
+        if (name == atom.name) x = value - atom.shift;
     } else {
       // Generated C uses truncating / and %; only non-negative operands reach them.
       int64_t inner = evaluate(inners_[atom.inner], vars);
@@ -247,7 +296,7 @@ std::string IndexContext::render(const IndexExpr& a) const {
   for (auto& t : a.terms) {
     const IndexAtom& atom = atoms_[t.atom];
     std::string name = atom.kind == IndexAtom::Kind::Var
-                           ? atom.name
+                           ? (atom.shift == 0 ? atom.name : fmt::format("({} - {})", atom.name, atom.shift))
                            : fmt::format("(({}){}{})", render(inners_[atom.inner]),
                                          atom.kind == IndexAtom::Kind::Div ? "/" : "%", atom.divisor);
     std::string term = t.coeff == 1 ? name : fmt::format("{}*{}", t.coeff, name);
@@ -300,7 +349,18 @@ std::vector<IndexExpr> view_source_index(IndexContext& ctx, const Node& view, co
       KILN_CHECK(guards != nullptr, "jit", "a pad cannot be read as a strided view");
       for (size_t d = 0; d < r; ++d) {
         in[d] = ctx.add(idx[d], ctx.constant(-view.ints[d]));
-        if (view.ints[d] != 0 || view.ints[r + d] != 0) guards->push_back({in[d], 0, src[d]});
+        if (view.ints[d] == 0 && view.ints[r + d] == 0) continue;
+        guards->push_back({in[d], 0, src[d]});
+        // What the pad's input sees of a loop variable is only the part the guard lets through:
+        // narrowed, its reshapes fold (a concatenation's pieces read as plain rows).
+        const IndexExpr& x = idx[d];
+        if (x.constant == 0 && x.terms.size() == 1 && x.terms[0].coeff == 1) {
+          const IndexAtom atom = ctx.atoms()[x.terms[0].atom];
+          if (atom.kind == IndexAtom::Kind::Var)
+            in[d] = ctx.add(ctx.var_in(atom.name, atom.whole_max + 1, std::max(atom.min, view.ints[d]),
+                                       std::min(atom.max, view.ints[d] + src[d] - 1)),
+                            ctx.constant(-view.ints[d]));
+        }
       }
       break;
     default: KILN_FAIL("jit", "{} is not a view", op_name(view.op));

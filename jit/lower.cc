@@ -131,7 +131,7 @@ int KernelBuilder::value(const Node* node, const std::vector<IndexExpr>& idx, bo
       e.index = linear(idx, node->shape);
       // Under a pad the index may point outside the buffer where the pad's guard fails (the
       // value is then discarded); such a load must not touch memory at that index.
-      if (ctx.min(e.index) < 0 || ctx.max(e.index) >= base->numel()) e.guards = pad_guards_;
+      if (ctx.whole_min(e.index) < 0 || ctx.whole_max(e.index) >= base->numel()) e.guards = pad_guards_;
       return push(std::move(e));
     }
   }
@@ -395,7 +395,7 @@ bool strided_operand(Lowerer& s, Kernel& k, const Node* in, int& buffer_out, int
     return false;
   }
   for (size_t d = 0; d < names.size(); ++d) strides[d] = ctx.coefficient(lin, names[d]);
-  offset = lin.constant;
+  offset = ctx.offset(lin);
   buffer_out = KernelBuilder(s, k).buffer(s.slot_of.at(node), node->dtype);
   return true;
 }

@@ -215,7 +215,7 @@ void CudaKernelRenderer::elementwise(std::string& out, std::vector<CudaLaunch>& 
       if (!plan.load[i]) continue;
       const Expr& e = k_.exprs[i];
       const DType t = k_.buffers[e.buffer].dtype;
-      aligned += fmt::format(" | (uint64_t)({} + {}) % {}", values_.buf(e.buffer), e.index.constant, v * dtype_size(t));
+      aligned += fmt::format(" | (uint64_t)({} + {}) % {}", values_.buf(e.buffer), k_.ctx.offset(e.index), v * dtype_size(t));
       declare += fmt::format("        kiln_vec<{}, {}> l{};\n", storage_type(t), v, i);
       address += fmt::format("          l{} = kiln_vload<{}>({} + ({}));\n", i, v, values_.buf(e.buffer), values_.idx(e.index));
       lanes[i] = fmt::format("l{}.v[u]", i);

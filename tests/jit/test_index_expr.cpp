@@ -137,3 +137,30 @@ TEST_CASE("views map output indices to the element they read", "[jit][index]") {
   IndexContext ctx;
   CHECK_THROWS_AS(view_source_index(ctx, *p.node(), {ctx.var("a", 4), ctx.var("b", 6)}), Error);
 }
+
+TEST_CASE("a pad's input sees only the guarded part of a loop variable", "[jit][index]") {
+  // Element (o, i) of a (16, 24) concatenation of three (16, 8) pieces along axis 1: the last
+  // piece is read at i - 16 where the guard lets it through, so a reshape of that piece (as
+  // (16 * 8) rows) folds to a plain row index instead of div/mod over the whole loop.
+  Tensor piece = zeros({16, 8});
+  Tensor padded = pad(piece, {{0, 0}, {16, 0}});
+  IndexContext ctx;
+  std::vector<IndexExpr> idx = {ctx.var("o", 16), ctx.var("i", 24)};
+  std::vector<Guard> guards;
+  std::vector<IndexExpr> in = view_source_index(ctx, *padded.node(), idx, &guards);
+  REQUIRE(guards.size() == 1);
+  CHECK(ctx.render(guards[0].expr) == "i - 16");  // the guard itself reads the whole loop
+  const IndexExpr flat = linear_index(ctx, in, {16, 8});
+  const std::vector<IndexExpr> rows = unflatten(ctx, flat, {32, 4});  // a reshape of the piece
+  const IndexExpr back = linear_index(ctx, rows, {32, 4});
+  CHECK(ctx.is_affine(back));
+  CHECK(ctx.render(back) == "8*o + (i - 16)");
+  CHECK(ctx.coefficient(back, "i") == 1);
+  CHECK(ctx.offset(back) == -16);
+  // Where the guard holds the value is exact; over the whole loop the bounds stay honest.
+  for (int64_t o = 0; o < 16; ++o)
+    for (int64_t i = 16; i < 24; ++i) CHECK(ctx.evaluate(back, {{"o", o}, {"i", i}}) == 8 * o + i - 16);
+  CHECK(ctx.whole_min(back) == -16);
+  CHECK(ctx.whole_max(back) == 8 * 15 + 7);
+  CHECK(ctx.min(back) == 0);
+}

@@ -170,6 +170,16 @@ int main(int argc, char** argv) {
     if (!load_path.empty()) {
       nn::load_tensors(load_path, &meta);
       vocab = meta.count("vocab") ? from_hex(meta["vocab"]) : "";
+      // The model's shape comes from the checkpoint; a flag that says otherwise is a mistake.
+      for (auto [flag, value] : {std::pair{"ctx", &ctx}, {"layers", &layers}, {"heads", &heads}, {"dim", &dim}}) {
+        if (!meta.count(flag)) continue;
+        const int64_t saved = std::stoll(meta[flag]);
+        KILN_CHECK(app.count(fmt::format("--{}", flag)) == 0 || *value == saved, "train_gpt",
+                   "--{} {} does not match {}, whose model has {} {}{}; leave --{} out to use the checkpoint's", flag,
+                   *value, load_path, flag, saved,
+                   std::string(flag) == "ctx" ? " positions in its positional table" : "", flag);
+        *value = saved;
+      }
     }
     const Corpus corpus = tokenize(text, vocab);
     const int64_t vocab_size = static_cast<int64_t>(corpus.vocab.size());
@@ -241,7 +251,10 @@ int main(int argc, char** argv) {
     }
     if (steps == 0) fmt::print("validation loss {:.4f}\n", validate());
     if (!save_path.empty()) {
-      nn::save(gpt, save_path, {{"vocab", to_hex(corpus.vocab)}});  // so that --load decodes the same bytes
+      // The vocabulary, so that --load decodes the same bytes, and the shape it rebuilds.
+      nn::save(gpt, save_path, {{"vocab", to_hex(corpus.vocab)}, {"ctx", std::to_string(ctx)},
+                                {"layers", std::to_string(layers)}, {"heads", std::to_string(heads)},
+                                {"dim", std::to_string(dim)}});
       optim::save(opt, optimizer_path(save_path));
       fmt::print("saved {} and {}\n", save_path, optimizer_path(save_path));
     }

@@ -6,8 +6,9 @@
 //   Tensor loss = nn::cross_entropy(logits.reshape({-1, 96}), targets.reshape({-1}));
 //   Tensor more = gpt.generate(prompt, 200, GenerateOptions().temperature(0.8).top_k(10));
 //
-// Attention is the composite matmul -> mask -> softmax -> matmul, so it fuses and differentiates
-// like any other graph; it keeps the (T, T) attention weights for its backward.
+// Attention runs as one fused kernel (kiln::fused_attention: no (T, T) matrix kept) where it
+// applies — no mask but the causal one, no dropout on the weights — and otherwise as the
+// composite matmul -> mask -> softmax -> matmul, which keeps the (T, T) weights for its backward.
 #pragma once
 #include <cstdint>
 

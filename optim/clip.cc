@@ -7,12 +7,11 @@
 
 namespace kiln::optim {
 
-Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+Tensor clip_by_global_norm(std::vector<Tensor>& grads, double max_norm) {
   KILN_CHECK(max_norm > 0, "optim::clip_grad_norm", "max_norm must be positive, got {}", max_norm);
   NoGradGuard no_grad;
   Tensor sum_of_squares;
-  for (const Tensor& p : params) {
-    Tensor g = p.grad();
+  for (const Tensor& g : grads) {
     if (!g.defined()) continue;
     Tensor s = (g * g).cast(DType::Float32).sum();
     sum_of_squares = sum_of_squares.defined() ? sum_of_squares + s : s;
@@ -20,11 +19,17 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   if (!sum_of_squares.defined()) return scalar(0.0);
   Tensor total = sqrt(sum_of_squares);
   Tensor scale = minimum(max_norm / (total + 1e-6), scalar(1.0));  // 0-d
-  for (const Tensor& p : params) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    Tensor(p).set_grad(g * scale.cast(g.dtype()));
-  }
+  for (Tensor& g : grads)
+    if (g.defined()) g = g * scale.cast(g.dtype());
+  return total;
+}
+
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params) grads.push_back(p.grad());
+  Tensor total = clip_by_global_norm(grads, max_norm);
+  for (size_t i = 0; i < params.size(); ++i)
+    if (grads[i].defined()) Tensor(params[i]).set_grad(grads[i]);
   return total;
 }
 

@@ -17,5 +17,7 @@ namespace kiln::optim {
 // only scaled when the norm exceeds max_norm. Returns the total norm before clipping as a lazy
 // float32 0-d tensor (zero when no parameter has a gradient).
 Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
+// The same on gradients held in a vector (undefined ones skipped), replaced in place.
+Tensor clip_by_global_norm(std::vector<Tensor>& grads, double max_norm);
 
 }  // namespace kiln::optim

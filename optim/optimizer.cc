@@ -2,6 +2,7 @@
 #include "optim/optimizer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <set>
 
@@ -9,6 +10,7 @@
 #include "core/error.h"
 #include "ops/autocast.h"
 #include "ops/ops.h"
+#include "optim/clip.h"
 
 namespace kiln::optim {
 
@@ -114,6 +116,10 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, cons
   AutocastGuard no_autocast(false);  // updates run in the parameters' type
   std::vector<std::shared_ptr<GradientReducer>> reducers;
   if (!reduce_gradients(grads, extra, reducers)) return;  // accumulated for a later step
+  if (max_grad_norm_ > 0) {
+    last_grad_norm_ = clip_by_global_norm(grads, max_grad_norm_);
+    extra.push_back(last_grad_norm_);
+  }
   // State tensors start as realized zeros, so the first step's graph is the same as every
   // later one's and the plan cache serves all of them.
   std::vector<Tensor> fresh;
@@ -187,6 +193,12 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, cons
     for (Tensor& t : reducer->realized_with_step()) outputs.push_back(std::move(t));
   if (!outputs.empty()) sync(outputs);
   for (const auto& reducer : reducers) reducer->after_step();
+}
+
+void Optimizer::clip_grad_norm(double max_norm) {
+  KILN_CHECK(max_norm >= 0 && std::isfinite(max_norm), "optim::clip_grad_norm",
+             "max_norm must be a finite non-negative number (0: off), got {}", max_norm);
+  max_grad_norm_ = max_norm;
 }
 
 void Optimizer::assign(Tensor& target, const Tensor& value) {

@@ -112,6 +112,14 @@ class Optimizer {
   // parameters from being updated in place. Replaces what an earlier call gave.
   void sync_with_step(std::vector<Tensor> tensors) { synced_with_step_ = std::move(tensors); }
 
+  // Every later step clips the gradients it applies to a global norm of at most `max_norm` (0:
+  // off), as optim::clip_grad_norm, but after a data-parallel wrapper averaged them: each rank
+  // then scales by the same norm, where clip_grad_norm before step() sees the rank's own
+  // gradients. The norm before clipping of the last step: last_grad_norm() (a float32 0-d
+  // tensor, realized with the step).
+  void clip_grad_norm(double max_norm);
+  Tensor last_grad_norm() const { return last_grad_norm_; }
+
  protected:
   // Records the update of parameter `index` of `group` from gradient `grad` (under NoGradGuard):
   // assign(param, ...) and, for state, assign(state.tensors[name], ...). `state.step` has already
@@ -141,6 +149,8 @@ class Optimizer {
   void update_unless(const Tensor& skip, size_t group, Tensor& param, const Tensor& grad, ParamState& state);
   std::vector<std::vector<ParamState>> state_;  // [group][index]
   std::vector<Tensor> synced_with_step_;
+  double max_grad_norm_ = 0;
+  Tensor last_grad_norm_;
   Tensor skip_;                     // set only while update_unless records an update
   std::vector<NodePtr> assigned_;   // the values assign() recorded under skip_
 };

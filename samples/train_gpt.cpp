@@ -15,7 +15,13 @@
 //
 // --save PATH writes the weights and, next to them, the optimizer's state (gpt.safetensors ->
 // gpt.optim.safetensors) with the vocabulary in the weights' metadata; --load PATH reads them
-// back (the model's flags must be the ones it was saved with). --device cuda trains on cuda:0.
+// back, with the model's shape it recorded. --device cuda trains on cuda:0.
+//
+// --data-parallel trains on every process mpirun starts (distributed::DataParallel): each draws
+// its own windows (seed + rank), the optimizer averages the gradients and then clips them (the
+// clipping sees the averaged gradients, so every rank takes the same step); rank 0 alone
+// validates, prints, saves and samples.
+//   mpirun -np 2 ./build/samples/train_gpt --data-parallel        # as root: --allow-run-as-root
 #include <kiln/kiln.h>
 
 #include <CLI/CLI.hpp>
@@ -134,7 +140,7 @@ int main(int argc, char** argv) {
   int64_t steps = 600, batch = 32, ctx = 64, layers = 4, heads = 4, dim = 128, eval_every = 100;
   double lr = 3e-3;
   uint64_t seed = 0;
-  bool checkpoint = false;
+  bool checkpoint = false, data_parallel = false;
   app.add_option("--text", text_path, "a text file, or a folder whose files are read in sorted order");
   app.add_option("--steps", steps, "training steps (0: only evaluate and sample)")->check(CLI::NonNegativeNumber);
   app.add_option("--batch", batch, "windows per step")->check(CLI::PositiveNumber);
@@ -155,9 +161,13 @@ int main(int argc, char** argv) {
   app.add_option("--budget", budget, "KILN_MEMORY_BUDGET for the step: a size (64MiB) or a fraction (0.5)");
   app.add_option("--compress-activations", compress, "int8: keep what the backward reads as int8; or none")
       ->check(CLI::IsMember({"int8", "none"}));
+  app.add_flag("--data-parallel", data_parallel, "train on every process mpirun starts, gradients averaged");
   CLI11_PARSE(app, argc, argv);
 
   try {
+    namespace dist = kiln::distributed;
+    if (data_parallel) dist::init();
+    const bool lead = dist::rank() == 0;  // the rank that validates, prints, saves and samples
     kiln::manual_seed(seed);
     if (!budget.empty()) kiln::flags().set("memory_budget", budget);
     const kiln::Device run_on = device == "cuda" ? kiln::Device::cuda(0) : kiln::Device::cpu();
@@ -186,23 +196,32 @@ int main(int argc, char** argv) {
     nn::GPT gpt(nn::GPTConfig().vocab(vocab_size).ctx(ctx).layers(layers).heads(heads).dim(dim).checkpoint(checkpoint));
     gpt.to(run_on);
     optim::AdamW opt(gpt.parameters(), optim::AdamWOptions(lr).betas(0.9, 0.95).weight_decay(0.1));
+    opt.clip_grad_norm(1.0);  // after data parallel's averaging, so every rank clips alike
     if (!load_path.empty()) {
       nn::load(gpt, load_path);
       if (std::filesystem::exists(optimizer_path(load_path))) optim::load(opt, optimizer_path(load_path));
       opt.set_lr(lr);
-      fmt::print("loaded {}\n", load_path);
+      if (lead) fmt::print("loaded {}\n", load_path);
     }
+    // Rank 0's weights on every rank (a --load'ed optimizer state is the same file everywhere).
+    std::optional<dist::DataParallel> replicated;
+    if (data_parallel) replicated.emplace(nn::AnyModule(gpt));
+    const int64_t world = data_parallel ? dist::world_size() : 1;
     int64_t parameters = 0;
     for (const Tensor& p : gpt.parameters()) parameters += p.numel();
-    fmt::print("{}: {} bytes ({} train, {} validation), vocabulary {} bytes\n", text_path, text.size(),
-               corpus.train.size(), corpus.val.size(), vocab_size);
-    fmt::print("GPT: {} layers, {} heads, dim {}, ctx {}: {:.2f}M parameters\n", layers, heads, dim, ctx,
-               static_cast<double>(parameters) / 1e6);
+    if (lead) {
+      fmt::print("{}: {} bytes ({} train, {} validation), vocabulary {} bytes\n", text_path, text.size(),
+                 corpus.train.size(), corpus.val.size(), vocab_size);
+      fmt::print("GPT: {} layers, {} heads, dim {}, ctx {}: {:.2f}M parameters\n", layers, heads, dim, ctx,
+                 static_cast<double>(parameters) / 1e6);
+      if (data_parallel)
+        fmt::print("data parallel: {} processes, {} windows per step ({} each)\n", world, batch * world, batch);
+    }
 
     const int64_t warmup = std::max<int64_t>(1, steps / 10);
     auto cosine = std::make_shared<optim::CosineAnnealingLR>(opt, std::max<int64_t>(1, steps - warmup), lr / 10);
     optim::LinearWarmup schedule(opt, warmup, cosine);
-    std::mt19937_64 rng(seed);
+    std::mt19937_64 rng(seed + static_cast<uint64_t>(dist::rank()));  // each rank its own windows
     auto validate = [&] {
       kiln::NoGradGuard no_grad;
       gpt.eval();
@@ -216,7 +235,7 @@ int main(int argc, char** argv) {
       return total / 8;
     };
     std::ofstream csv;
-    if (!csv_path.empty()) {
+    if (!csv_path.empty() && lead) {
       csv.open(csv_path);
       KILN_CHECK(csv.good(), "train_gpt", "cannot write {}", csv_path);
       csv << "step,loss,val_loss\n";
@@ -235,20 +254,21 @@ int main(int argc, char** argv) {
       }
       opt.zero_grad();
       loss.backward();
-      optim::clip_grad_norm(gpt.parameters(), 1.0);
       opt.step({loss});
       schedule.step();
-      loss_value = loss.item();
-      const bool evaluate = step % eval_every == 0 || step == steps;
+      loss_value = loss.item();  // this rank's
+      const bool evaluate = (step % eval_every == 0 || step == steps) && lead;
       if (evaluate) val = validate();
       if (csv.is_open()) csv << fmt::format("{},{:.6f},{}\n", step, loss_value, evaluate ? fmt::format("{:.6f}", val) : "");
-      if (step % 10 == 0 || evaluate) {
+      if (lead && (step % 10 == 0 || evaluate)) {
         double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         fmt::print("step {:>5}/{} | loss {:.4f}{} | {:.1f}k tokens/s | memory {}\n", step, steps, loss_value,
-                   evaluate ? fmt::format(" | val {:.4f}", val) : "", static_cast<double>(step * batch * ctx) / seconds / 1e3,
+                   evaluate ? fmt::format(" | val {:.4f}", val) : "",
+                   static_cast<double>(step * batch * ctx * world) / seconds / 1e3,
                    kiln::memory::format_bytes(kiln::memory::allocated_bytes()));
       }
     }
+    if (!lead) return 0;
     if (steps == 0) fmt::print("validation loss {:.4f}\n", validate());
     if (!save_path.empty()) {
       // The vocabulary, so that --load decodes the same bytes, and the shape it rebuilds.

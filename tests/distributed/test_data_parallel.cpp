@@ -72,6 +72,27 @@ TEST_CASE("data parallel SGD equals one process on the whole batch", "[distribut
   CHECK(model.all_reduce_count() - before == (n > 1 ? 20 : 0));
 }
 
+TEST_CASE("an optimizer that clips clips the averaged gradients: every rank as one process", "[distributed][train]") {
+  dist::init();
+  const int n = dist::world_size(), me = dist::rank();
+  Mlp reference(7);
+  Mlp local(7 + static_cast<uint64_t>(me));
+  dist::DataParallel model(local);
+  optim::AdamW ref_opt(reference.parameters(), optim::AdamWOptions(0.05));
+  optim::AdamW opt(model.parameters(), optim::AdamWOptions(0.05));
+  ref_opt.clip_grad_norm(0.05);  // small enough to clip every step
+  opt.clip_grad_norm(0.05);
+  for (int step = 0; step < 5; ++step) {
+    auto [x, y] = global_batch(step, n);
+    ref_opt.step(loss_of(reference, x, y));
+    opt.step(loss_of(model, x.slice(0, 4 * me, 4 * me + 4), y.slice(0, 4 * me, 4 * me + 4)));
+    CHECK(opt.last_grad_norm().item() == Approx(ref_opt.last_grad_norm().item()).epsilon(1e-9));
+    CHECK(ref_opt.last_grad_norm().item() > 0.05);
+  }
+  std::vector<double> got = flat_parameters(local), want = flat_parameters(reference);
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-9).margin(1e-12));
+}
+
 TEST_CASE("gradient accumulation over micro-batches equals the big batch, with one all-reduce", "[distributed][train]") {
   dist::init();
   const int n = dist::world_size(), me = dist::rank();

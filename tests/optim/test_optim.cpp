@@ -335,6 +335,34 @@ TEST_CASE("optim: clip_grad_norm scales gradients above max_norm", "[optim]") {
   CHECK(pa[0] == Approx(3.0 - 3.0 * 2.5 / (5.0 + 1e-6)));
 }
 
+TEST_CASE("optim: an optimizer that clips steps as clip_grad_norm then step", "[optim]") {
+  auto run = [](bool in_optimizer) {
+    Tensor a = from_doubles({3, 0}, {2}, DType::Float32).realize().requires_grad_();
+    Tensor b = from_doubles({0, 0, 4}, {3}, DType::Float32).realize().requires_grad_();
+    Adam opt({a, b}, AdamOptions(0.1));
+    if (in_optimizer) opt.clip_grad_norm(2.5);
+    std::vector<double> norms;
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      ((a * a * a).sum() + (b * b).sum() * 0.5).backward();
+      Tensor norm = in_optimizer ? Tensor() : clip_grad_norm(opt.parameters(), 2.5);
+      opt.step();
+      norms.push_back((in_optimizer ? opt.last_grad_norm() : norm).item());
+    }
+    std::vector<float> values = a.to_vector<float>(), more = b.to_vector<float>();
+    values.insert(values.end(), more.begin(), more.end());
+    return std::pair{values, norms};
+  };
+  const auto [clipped, norms] = run(true);
+  const auto [by_hand, hand_norms] = run(false);
+  CHECK(clipped == by_hand);
+  CHECK(norms == hand_norms);
+  CHECK(norms[0] == Approx(std::sqrt(27.0 * 27.0 + 16.0)));
+  Tensor p = zeros({1}).realize().requires_grad_();
+  SGD opt({p}, SGDOptions(0.1));
+  CHECK_THROWS_WITH(opt.clip_grad_norm(-1), Catch::Contains("non-negative"));
+}
+
 namespace {
 
 // A 2-layer MLP on a fixed synthetic problem: labels from a random linear teacher.

@@ -14,6 +14,7 @@ of ratios and PNG plots (bench/compare_report.py) to --out:
     python3 bench/compare.py                        # everything, 2 runs (~15 min on 2 cores)
     python3 bench/compare.py --quick                # a smoke test of every path (~5 min, cold caches)
     python3 bench/compare.py --only mlp,gpt --runs 3 --out /tmp/compare
+    python3 bench/compare.py --mnist-steps 150 --gpt-steps 100    # shorter runs (docs/compare's)
 
 What each figure is (medians over --runs; every run is a fresh process):
 - speed: fusion GB/s (bytes read and written over the median iteration), MNIST training
@@ -174,11 +175,17 @@ def parse_args():
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "compare"), help="where the table and plots go")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mnist-steps", type=int, default=None, help="MNIST training steps (default: one epoch, 468)")
+    p.add_argument("--gpt-steps", type=int, default=None, help="GPT training steps (default 230; timed from step 30)")
     p.add_argument("--note", default="", help="a line for the table's header (e.g. what else ran on the machine)")
     s = p.parse_args()
     s.runs = s.runs or (1 if s.quick else 2)
-    s.mnist_steps = 30 if s.quick else -1  # -1: one epoch (468 steps)
-    s.gpt_steps = 60 if s.quick else 230
+    if s.mnist_steps is None:
+        s.mnist_steps = 30 if s.quick else -1  # -1: one epoch (468 steps)
+    if s.gpt_steps is None:
+        s.gpt_steps = 60 if s.quick else 230
+    if s.gpt_steps < Gpt.first_timed + 20 or (s.mnist_steps >= 0 and s.mnist_steps < 20):
+        sys.exit(f"--gpt-steps must be >= {Gpt.first_timed + 20} and --mnist-steps >= 20: speed is timed after the first steps")
     s.fusion_iterations = 3 if s.quick else 15
     s.logs = os.path.join(s.kiln_build, "compare")  # the programs' outputs and loss CSVs (ignored by git)
     s.binary = lambda *path: os.path.join(s.kiln_build, *path)

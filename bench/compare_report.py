@@ -191,7 +191,7 @@ def plot_speed(out, table):
             k, o = get(programs, "kiln", "speed"), get(programs, p, "speed")
             values.append(k / o if k and o else None)
         series.append((f"kiln / {LABELS[p]}", COLORS[p], values))
-    grouped_bars(ax, labels, series, "speed ratio (> 1: kiln faster)")
+    grouped_bars(ax, labels, series, "speed ratio (> 1: kiln faster; log scale)", log=True)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_title("kiln's speed over PyTorch's, same run (medians)")
     fig.tight_layout()

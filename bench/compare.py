@@ -219,6 +219,7 @@ def main():
     env = thread_env(s.threads)
     info = machine_info()
     info["torch"] = torch_config()
+    info["torch_import_rss"] = run_measured([PYTHON, "-c", "import torch"], env)[1]  # PyTorch's floor
     print(f"kiln {info['kiln']}; {info['cpu']} ({info['isa']}), {info['cpus']} CPUs, load average "
           f"{info['loadavg'][0]:.2f}; {info['torch'].splitlines()[0]}", flush=True)
     chosen = workloads(s)

@@ -221,6 +221,9 @@ def write(out, results, info, settings):
         f"Medians of {settings['runs']} run(s) per program, alternating kiln, PyTorch eager, torch.compile; "
         "ratios are kiln over PyTorch (speed: > 1 is kiln faster; memory: < 1 is kiln smaller).",
     ]
+    if info.get("torch_import_rss"):
+        header.append(f"`python3 -c 'import torch'` alone peaks at {info['torch_import_rss']:.0f} MiB of RSS here: "
+                      "PyTorch's peak RSS below includes it.")
     if settings.get("note"):
         header.append(settings["note"])
     if settings.get("quick"):

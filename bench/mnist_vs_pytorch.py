@@ -29,62 +29,10 @@ import argparse
 import os
 import re
 import statistics
-import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def ensure_torch():
-    # Checked in a child process: importing torch here would grow this process, and a forked
-    # child's peak RSS starts from its parent's.
-    if subprocess.call([sys.executable, "-c", "import torch"], stderr=subprocess.DEVNULL) == 0:
-        return
-    print("torch does not import; installing it with pip", flush=True)
-    if subprocess.call([sys.executable, "-m", "pip", "install", "torch"]) == 0:
-        return
-    print("pip failed; trying Debian's python3-torch with OpenBLAS (OpenMP)", flush=True)
-    if subprocess.call(["apt-get", "install", "-y", "python3-torch", "libopenblas0-openmp"]) != 0:
-        sys.exit("cannot install torch: pip install torch, or apt-get install python3-torch libopenblas0-openmp")
-
-
-def torch_config():
-    """PyTorch's version and the BLAS / oneDNN / OpenMP lines of torch.__config__.show()."""
-    code = (
-        "import torch\n"
-        "print(f'torch {torch.__version__}; mkldnn (oneDNN) available: {torch.backends.mkldnn.is_available()}; "
-        "mkl available: {torch.backends.mkl.is_available()}')\n"
-        "for line in torch.__config__.show().splitlines():\n"
-        "    line = line.strip()\n"
-        "    if line.startswith('- Build settings:'):\n"
-        "        for item in line.split(', '):\n"
-        "            if item.split('=')[0].strip('- ').split(': ')[-1] in ('BLAS_INFO', 'LAPACK_INFO', 'USE_MKL', 'USE_MKLDNN', 'USE_OPENMP', 'TORCH_VERSION'):\n"
-        "                print('  ' + item.split(': ')[-1])\n"
-        "    elif any(k in line for k in ('Math Kernel', 'MKL-DNN', 'oneDNN', 'OpenMP', 'BLAS', 'LAPACK', 'CPU capability')):\n"
-        "        print('  ' + line.lstrip('- '))\n")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.rstrip()
-
-
-TIME = "/usr/bin/time"
-
-
-def run(cmd, env):
-    """Runs cmd; returns (its output, its peak RSS in MiB)."""
-    if os.access(TIME, os.X_OK):  # GNU time: a small parent, so the figure is the program's own
-        proc = subprocess.run([TIME, "-v"] + cmd, capture_output=True, env=env, text=True)
-        out, rss = proc.stdout, re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
-        if proc.returncode != 0 or not rss:
-            sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{(out + proc.stderr)[-3000:]}")
-        return out.replace("\r", "\n"), int(rss.group(1)) / 1024.0
-    # Otherwise wait4's rusage: the same figure, plus whatever of this interpreter the child
-    # had before exec (small: torch is never imported here).
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({code}):\n{out[-3000:]}")
-    return out.replace("\r", "\n"), usage.ru_maxrss / 1024.0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import ROOT, ensure_module, run_measured as run, thread_env, torch_config  # noqa: E402
 
 
 def parse(out, what):
@@ -111,10 +59,10 @@ def main():
     args = p.parse_args()
     if not os.access(args.kiln, os.X_OK):
         sys.exit(f"{args.kiln} not found: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build -j2")
-    ensure_torch()
+    ensure_module("torch")
 
     threads = str(args.threads)
-    env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, KILN_NUM_THREADS=threads)
+    env = thread_env(args.threads)
     common = ["--model", args.model, "--epochs", str(args.epochs), "--batch", str(args.batch), "--seed", str(args.seed)]
     if args.data:
         common += ["--data", args.data]

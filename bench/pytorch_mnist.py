@@ -4,6 +4,7 @@
 #   python3 bench/pytorch_mnist.py --model cnn     # conv 32, pool, conv 64, pool, fc 128, fc 10
 #   python3 bench/mnist_vs_pytorch.py              # both frameworks side by side (peak RSS too)
 #   python3 bench/pytorch_mnist.py --amp bf16      # torch.autocast("cpu", torch.bfloat16) forward
+#   python3 bench/pytorch_mnist.py --compile --log-csv loss.csv   # torch.compile; step,loss per step
 #
 # Recipe (train_mnist's default): inputs normalized with the training set's mean and std
 # (0.2860, 0.3530), SGD momentum 0.9, lr 0.05 annealed to 0 by CosineAnnealingLR stepped per
@@ -12,7 +13,11 @@
 # Data: the IDX files of Debian's dataset-fashion-mnist package (--data DIR to override).
 #
 # Prints `test accuracy: NN.NN%` and `training: N examples/s (...)` in train_mnist's format:
-# training time covers every step of every epoch, the first included, and no evaluation.
+# training time covers every step of every epoch, the first included, and no evaluation (with
+# --compile the first step compiles, or loads Inductor's cache: warm it with a short run first,
+# as bench/compare.py does), and `steady: N examples/s` over the first epoch's steps after its
+# tenth (what train_mnist's progress bar gives between step 10 and the last). Also prints what autograd saves for the backward of the first batch
+# (bench/pytorch_saved.py; measured on the eager module, also under --compile).
 import argparse
 import gzip
 import os
@@ -20,6 +25,8 @@ import time
 
 import numpy as np
 import torch
+
+from pytorch_saved import saved_bytes
 
 MEAN, STD = 0.2860, 0.3530
 
@@ -36,40 +43,9 @@ def parse_args():
     p.add_argument("--data", default=os.environ.get("KILN_DATA_DIR", "/usr/share/datasets/fashion-mnist"))
     p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
                    help="torch.autocast on the CPU for the forward and the loss (fp16 adds a GradScaler)")
+    p.add_argument("--compile", action="store_true", help="train and evaluate torch.compile(model)")
+    p.add_argument("--log-csv", default="", help="write step,loss per step to this CSV file (train_mnist's format)")
     return p.parse_args()
-
-
-def saved_bytes(model, x, y, amp_dtype):
-    """Bytes autograd saves for the backward of one step (saved_tensors_hooks), each storage once:
-    (activations, weights), weights being parameters and autocast's copies of them (tensors made
-    from a parameter by casts and views only)."""
-    copies = {"ToCopyBackward0", "TBackward0", "PermuteBackward0", "ExpandBackward0", "ViewBackward0"}
-
-    def from_parameter(t):
-        if t.is_leaf:
-            return t.requires_grad
-        fn = t.grad_fn
-        while fn is not None and type(fn).__name__ in copies:
-            nexts = [f for f, _ in fn.next_functions if f is not None]
-            if len(nexts) != 1:
-                return False
-            fn = nexts[0]
-        return fn is not None and type(fn).__name__ == "AccumulateGrad"
-
-    seen, totals = set(), {"activations": 0, "weights": 0}
-
-    def pack(t):
-        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-        if key not in seen:
-            seen.add(key)
-            totals["weights" if from_parameter(t) else "activations"] += key[1]
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with torch.autocast("cpu", dtype=amp_dtype, enabled=amp_dtype is not None):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-    del loss
-    return totals["activations"], totals["weights"]
 
 
 def read_idx(path, offset):
@@ -118,14 +94,22 @@ def main():
     generator = torch.Generator().manual_seed(args.seed)
     amp_dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
     scaler = torch.amp.GradScaler("cpu", enabled=args.amp == "fp16")
+    x0, y0 = X[:args.batch].clone(), Y[:args.batch].clone()  # storages of their own: the hooks count storages
+    def first_loss():
+        return torch.nn.functional.cross_entropy(model(x0), y0)
+    wide, wide_w = saved_bytes(first_loss)
     if amp_dtype is not None:
-        x0, y0 = X[:args.batch].clone(), Y[:args.batch].clone()  # storages of their own: the hooks count storages
-        low, low_w = saved_bytes(model, x0, y0, amp_dtype)
-        wide, wide_w = saved_bytes(model, x0, y0, None)
+        low, low_w = saved_bytes(first_loss, amp_dtype)
         print(f"saved for the backward: activations {low / 1024:.1f} KiB (float32: {wide / 1024:.1f} KiB, "
               f"{low / wide:.2f}x), weights {low_w / 1024:.1f} KiB (float32: {wide_w / 1024:.1f} KiB)")
+    else:
+        print(f"saved for the backward: activations {wide / 1024:.1f} KiB, weights {wide_w / 1024:.1f} KiB")
+    step_model = torch.compile(model) if args.compile else model
+    csv = open(args.log_csv, "w") if args.log_csv else None
+    if csv:
+        csv.write("step,loss\n")
 
-    train_seconds, examples, global_step = 0.0, 0, 0
+    train_seconds, examples, global_step, steady = 0.0, 0, 0, None
     for epoch in range(1, args.epochs + 1):
         if global_step == total_steps:
             break
@@ -133,34 +117,47 @@ def main():
         perm = torch.randperm(len(X), generator=generator)
         start = time.perf_counter()
         correct_total, seen = 0, 0
+        steady_start = None  # (time, examples) after the epoch's first 10 steps
         for step in range(min(steps_per_epoch, total_steps - global_step)):
             idx = perm[step * args.batch:(step + 1) * args.batch]
             x, y = X[idx], Y[idx]
             with torch.autocast("cpu", dtype=amp_dtype, enabled=amp_dtype is not None):
-                logits = model(x)
+                logits = step_model(x)
                 loss = torch.nn.functional.cross_entropy(logits, y)
             opt.zero_grad()
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
             schedule.step()
-            loss.item()
+            loss_value = loss.item()
+            if csv:
+                csv.write(f"{global_step + 1},{loss_value:.9g}\n")
             correct_total += (logits.argmax(1) == y).sum().item()
             seen += len(y)
             global_step += 1
-        train_seconds += time.perf_counter() - start
+            if step == 9:
+                steady_start = (time.perf_counter(), seen)
+        end = time.perf_counter()
+        train_seconds += end - start
+        if epoch == 1 and steady_start and seen > steady_start[1]:
+            steady = (seen - steady_start[1]) / (end - steady_start[0])
         examples += seen
         model.eval()
         correct = 0
         with torch.no_grad():
             for i in range(0, len(Xt), 1000):
-                correct += (model(Xt[i:i + 1000]).argmax(1) == Yt[i:i + 1000]).sum().item()
+                correct += (step_model(Xt[i:i + 1000]).argmax(1) == Yt[i:i + 1000]).sum().item()
         accuracy = 100.0 * correct / len(Xt)
         print(f"epoch {epoch}: test accuracy {accuracy:.2f}% (train accuracy {100.0 * correct_total / seen:.1f}%)")
-    print(f"pytorch {torch.__version__}, {torch.get_num_threads()} threads, model {args.model}")
+    if csv:
+        csv.close()
+    print(f"pytorch {torch.__version__}, {torch.get_num_threads()} threads, model {args.model}"
+          f"{', torch.compile' if args.compile else ''}")
     print(f"test accuracy: {accuracy:.2f}%")
     print(f"training: {examples / train_seconds:.0f} examples/s ({examples} examples in {train_seconds:.2f} s, "
           "first step included, evaluation excluded)")
+    if steady:
+        print(f"steady: {steady:.0f} examples/s (epoch 1 after its first 10 steps)")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "backends/cpu/cpu_prelude.h"
+#include "jit/canonical_kernel.h"
 #include "jit/math_prelude.h"
 #include "jit/random_prelude.h"
 #include "jit/render_common.h"
@@ -93,8 +94,9 @@ void CppKernelRenderer::render_column_reduce(std::string& out, const char* acc_t
 
 std::string CppKernelRenderer::render() {
   std::string out;
-  out += fmt::format("// {}\nextern \"C\" void {}(void* const* bufs, const double* sc, const int64_t* isc, int64_t* err) {{\n",
-                     k_.summary, k_.name);
+  if (!k_.summary.empty()) out += fmt::format("// {}\n", k_.summary);
+  out += fmt::format("extern \"C\" void {}(void* const* bufs, const double* sc, const int64_t* isc, int64_t* err) {{\n",
+                     k_.name);
   for (size_t b = 0; b < k_.buffers.size(); ++b)
     out += fmt::format("  {}* {} = ({}*)bufs[{}];\n", storage_type(k_.buffers[b].dtype), buf(static_cast<int>(b)),
                        storage_type(k_.buffers[b].dtype), k_.buffers[b].slot);
@@ -205,10 +207,28 @@ std::string CppKernelRenderer::render() {
 
 }  // namespace
 
-std::string render_cpp(const std::vector<Kernel>& kernels) {
-  std::string src = std::string(kCpuPrelude) + kMathPrelude + kRandomPrelude;
-  for (const Kernel& k : kernels)
-    if (!is_library(k.kind)) src += "\n" + CppKernelRenderer(k).render();
+CppSource render_cpp(const std::vector<Kernel>& kernels, bool share) {
+  CppSource cpp;
+  cpp.prelude = std::string(kCpuPrelude) + kMathPrelude + kRandomPrelude;
+  const FunctionSharing sharing = share_functions(
+      kernels, [](const Kernel& canonical) { return CppKernelRenderer(canonical).render(); }, share, &cpp.bindings);
+  cpp.function_of = sharing.function_of;
+  // Each function is named after the first kernel it runs; its comment lists every kernel.
+  std::vector<std::string> users(sharing.texts.size());
+  for (size_t k = 0; k < kernels.size(); ++k)
+    if (sharing.function_of[k] >= 0) users[sharing.function_of[k]] += " " + kernels[k].name;
+  for (size_t f = 0; f < sharing.texts.size(); ++f) {
+    const Kernel& first = kernels[sharing.first_kernel[f]];
+    cpp.names.push_back(first.name);
+    cpp.functions.push_back(fmt::format("// {} (kernels:{})\n{}", first.summary, users[f],
+                                        rename_function(sharing.texts[f], first.name)));
+  }
+  return cpp;
+}
+
+std::string CppSource::source() const {
+  std::string src = prelude;
+  for (const std::string& function : functions) src += "\n" + function;
   return src;
 }
 

@@ -16,25 +16,6 @@ namespace {
 // start-up and another parse of the prelude, more than it saves on a few functions.
 constexpr size_t kSplitFunctions = 16;
 
-// The functions of `cpp` in up to `jobs` translation units of about equal length, in order, each
-// after the prelude: one compiler process each (compile_cached runs them at once).
-std::vector<std::string> translation_units(const CppSource& cpp, int jobs) {
-  const size_t units = cpp.functions.size() < kSplitFunctions ? 1 : std::min<size_t>(jobs, cpp.functions.size());
-  size_t total = 0;
-  for (const std::string& f : cpp.functions) total += f.size();
-  std::vector<std::string> sources(units, cpp.prelude);
-  size_t done = 0;
-  for (const std::string& f : cpp.functions) {
-    // Unit u takes the functions that start in the u-th share of the text.
-    const size_t unit = std::min(units - 1, done * units / std::max<size_t>(total, 1));
-    sources[unit] += "\n" + f;
-    done += f.size();
-  }
-  // A share that one long function spans gets nothing; no compiler is started for it.
-  sources.erase(std::remove(sources.begin(), sources.end(), cpp.prelude), sources.end());
-  return sources;
-}
-
 // Kernels run on the calling thread's OpenMP team. A function may run several kernels, so each
 // launch passes the kernel's own buffers, scalars and Rand pairs, gathered through its binding.
 class HostRun final : public jit::KernelRun {
@@ -43,16 +24,17 @@ class HostRun final : public jit::KernelRun {
           const std::vector<jit::Kernel>& kernels, const std::vector<double>& scalars, const std::vector<int64_t>& ints)
       : fns_(fns), bindings_(bindings), kernels_(kernels) {
     // The run's bound values are fixed: every kernel's local scalars and Rand pairs, once, end to end.
+    size_t most_buffers = 0;
     for (const jit::KernelBinding& b : bindings) {
       scalar_start_.push_back(local_scalars_.size());
       for (int slot : b.scalar_slots) local_scalars_.push_back(scalars[static_cast<size_t>(slot)]);
       int_start_.push_back(local_ints_.size());
       for (int slot : b.rand_slots) local_ints_.insert(local_ints_.end(), {ints[slot], ints[slot + 1]});
-      buffer_count_ = std::max(buffer_count_, b.buffer_slots.size());
+      most_buffers = std::max(most_buffers, b.buffer_slots.size());
     }
     local_scalars_.push_back(0);  // a valid pointer for kernels without any
     local_ints_.push_back(0);
-    local_buffers_.resize(buffer_count_);
+    local_buffers_.resize(most_buffers);
   }
   void launch(size_t k, void* const* ptrs) override {
     const std::vector<int>& slots = bindings_[k].buffer_slots;
@@ -70,7 +52,6 @@ class HostRun final : public jit::KernelRun {
   std::vector<double> local_scalars_;
   std::vector<int64_t> local_ints_;
   std::vector<size_t> scalar_start_, int_start_;  // per kernel: where its values start
-  size_t buffer_count_ = 0;
   std::vector<void*> local_buffers_;  // the launched kernel's buffers
 };
 
@@ -78,8 +59,8 @@ class HostKernels final : public jit::CompiledKernels {
  public:
   explicit HostKernels(const std::vector<jit::Kernel>& kernels, int jit_kernels) : kernels_(kernels) {
     CppSource cpp = render_cpp(kernels, flags().share_functions);
-    module_ = compile_cached(translation_units(cpp, flags().compile_jobs), jit_kernels,
-                             static_cast<int>(cpp.functions.size()));
+    const int units = cpp.functions.size() < kSplitFunctions ? 1 : flags().compile_jobs;
+    module_ = compile_cached(cpp.translation_units(units), jit_kernels, static_cast<int>(cpp.functions.size()));
     std::vector<KernelFn> functions;
     for (const std::string& name : cpp.names) functions.push_back(reinterpret_cast<KernelFn>(module_->symbol(name)));
     fns_.assign(kernels.size(), nullptr);

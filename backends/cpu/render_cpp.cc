@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "backends/cpu/cpu_prelude.h"
 #include "jit/canonical_kernel.h"
@@ -226,10 +228,21 @@ CppSource render_cpp(const std::vector<Kernel>& kernels, bool share) {
   return cpp;
 }
 
-std::string CppSource::source() const {
-  std::string src = prelude;
-  for (const std::string& function : functions) src += "\n" + function;
-  return src;
+std::vector<std::string> CppSource::translation_units(int count) const {
+  const size_t units = std::max<size_t>(1, std::min<size_t>(static_cast<size_t>(std::max(count, 1)), functions.size()));
+  size_t total = 0;
+  for (const std::string& f : functions) total += f.size();
+  std::vector<std::string> sources(units, prelude);
+  size_t done = 0;
+  for (const std::string& f : functions) {
+    // Unit u takes the functions that start in the u-th share of the text.
+    const size_t unit = std::min(units - 1, done * units / std::max<size_t>(total, 1));
+    sources[unit] += "\n" + f;
+    done += f.size();
+  }
+  // A share that one long function spans gets nothing; no compiler is started for it.
+  if (units > 1) sources.erase(std::remove(sources.begin(), sources.end(), prelude), sources.end());
+  return sources;
 }
 
 }  // namespace kiln::cpu

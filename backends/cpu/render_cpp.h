@@ -3,7 +3,7 @@
 // slots they touch (the same layer repeated) share one function (jit/canonical_kernel.h).
 //
 //   CppSource cpp = render_cpp(plan_kernels);
-//   auto module = compile_cached(cpp.source(), cpp.functions.size());       // compiler.h
+//   auto module = compile_cached(cpp.translation_units(2), kernels, cpp.functions.size());  // compiler.h
 //   KernelFn f = (KernelFn)module->symbol(cpp.names[cpp.function_of[k]]);
 //   f(local buffers, local scalars, local Rand pairs, error);              // per cpp.bindings[k]
 #pragma once
@@ -29,8 +29,9 @@ struct CppSource {
   std::vector<std::string> names;              // per function: its symbol
   std::vector<int> function_of;                // per plan kernel: its function, -1 for library calls
   std::vector<jit::KernelBinding> bindings;    // per plan kernel: where its local indices point
-  // The prelude and every function, as one translation unit.
-  std::string source() const;
+  // The functions in up to `count` translation units of about equal length, in order, each
+  // after the prelude (for as many compiler processes at once); one when `count` is 1.
+  std::vector<std::string> translation_units(int count) const;
 };
 
 // `share` false gives every kernel a function of its own (the reference sharing is tested against).

@@ -1,7 +1,8 @@
 // Kernels that differ only in the buffers, scalars and seeds they touch share one compiled
 // function (jit/canonical_kernel.h): fewer functions than kernels, the same bits as with every
 // kernel compiled on its own, no sharing between kernels whose code differs (a size, a dtype), and
-// modules that still load from the disk cache in a fresh process.
+// modules that still load from the disk cache in a fresh process; on CUDA (the emulator in CI),
+// shared functions and row groups with each kernel's own scalars and seeds.
 #include <catch2/catch.hpp>
 #include <kiln/kiln.h>
 
@@ -12,6 +13,8 @@
 
 #include "backends/cpu/compiler.h"
 #include "backends/cpu/render_cpp.h"
+#include "backends/cuda/cuda_runtime.h"
+#include "backends/cuda/render_cuda.h"
 #include "jit/canonical_kernel.h"
 #include "jit/executor.h"
 #include "jit/lower.h"
@@ -202,4 +205,50 @@ TEST_CASE("canonical kernels number slots in order of first use", "[jit][shared-
   CHECK(sharing.texts.size() < program.kernels.size());
   CHECK(jit::rename_function(std::string("void ") + jit::kCanonicalName + "_parts(" + jit::kCanonicalName + ")", "k7") ==
         "void k7_parts(k7)");
+}
+
+TEST_CASE("CUDA kernels and row groups that differ only in their slots share functions", "[jit][shared-functions][cuda]") {
+  // Two softmaxes (a row group on CUDA) of identical shape, scaled by different constants.
+  Tensor a = from_vector<float>(ramp(8 * 64, 0.01f, -0.3f), {8, 64});
+  Tensor b = from_vector<float>(ramp(8 * 64, 0.02f, 0.1f), {8, 64});
+  Tensor ya = softmax(a * 2.0, 1), yb = softmax(b * 3.0, 1);
+  const jit::Program program = jit::lower_for({ya.node(), yb.node()});
+  const std::vector<int> groups = cuda::cuda_row_groups(program.kernels);
+  const cuda::CudaSource shared = cuda::render_cuda(program.kernels, groups, true);
+  const cuda::CudaSource alone = cuda::render_cuda(program.kernels, groups, false);
+  CHECK(shared.function_count * 2 == alone.function_count);
+  CHECK(shared.source.size() < alone.source.size());
+  // Each launch of the second softmax names a function of the first, on its own slots and scalars.
+  int reused = 0;
+  for (size_t k = 0; k < program.kernels.size(); ++k)
+    for (size_t j = 0; j < k; ++j) {
+      if (shared.launches[k].empty() || shared.launches[k].size() != shared.launches[j].size()) continue;
+      if (shared.launches[k][0].function != shared.launches[j][0].function) continue;
+      reused++;
+      CHECK(shared.parameter_slots[k] != shared.parameter_slots[j]);
+      CHECK(shared.scalar_slots[k] != shared.scalar_slots[j]);
+      CHECK(alone.launches[k][0].function != alone.launches[j][0].function);
+    }
+  CHECK(reused >= 1);
+}
+
+TEST_CASE("shared CUDA functions give each kernel its own buffers, scalars and random stream", "[jit][shared-functions][device]") {
+  if (!cuda::available()) return;
+  auto layers = [](Device device) {
+    manual_seed(3);
+    std::vector<Tensor> ys;
+    for (int l = 0; l < 3; ++l) {
+      Tensor x = from_vector<float>(ramp(8 * 64, 0.01f, -0.3f * static_cast<float>(l)), {8, 64}).to(device);
+      ys.push_back(softmax(x * (1.0 + l), 1) * rand({8, 64}));
+    }
+    sync(ys);
+    std::vector<std::vector<float>> values;
+    for (Tensor& y : ys) values.push_back(y.to(Device::cpu()).to_vector<float>());
+    return values;
+  };
+  const auto on_cpu = layers(Device::cpu());
+  const auto on_cuda = layers(Device::cuda(0));
+  for (size_t l = 0; l < on_cpu.size(); ++l)
+    for (size_t i = 0; i < on_cpu[l].size(); ++i) CHECK(on_cuda[l][i] == Approx(on_cpu[l][i]).epsilon(1e-5).margin(1e-7));
+  CHECK(on_cpu[0] != on_cpu[1]);
 }

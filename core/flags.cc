@@ -69,6 +69,7 @@ std::string show(AmpMode v) { return v == AmpMode::None ? "none" : v == AmpMode:
 void validate(const Flags& f) {
   if (f.log < 0 || f.log > 3) bad_value("log", std::to_string(f.log), "0..3");
   if (f.num_threads < 0) bad_value("num_threads", std::to_string(f.num_threads), "a count >= 0");
+  if (f.compile_jobs < 1) bad_value("compile_jobs", std::to_string(f.compile_jobs), "a count >= 1");
   if (f.quantize_bits != 8 && f.quantize_bits != 4)
     bad_value("quantize_bits", std::to_string(f.quantize_bits), "8 or 4");
   if (!f.compress_activations.empty() && f.compress_activations != "int8")

@@ -25,6 +25,8 @@ enum class AmpMode : uint8_t { None, Float16, BFloat16 };
   X(std::string, data_dir, "", "datasets folder (DIR/fashion-mnist or DIR); default /usr/share/datasets") \
   X(bool, plan_cache, true, "reuse the schedule and kernels of a structurally identical graph")   \
   X(bool, disk_cache, true, "keep compiled kernels on disk across processes")                     \
+  X(bool, share_functions, true, "compile kernels that differ only in the buffers they touch once")  \
+  X(int, compile_jobs, 2, "host compiler processes one big module of kernels is split across")      \
   X(int64_t, seed, 0, "seed of the counter-based random generator")                                \
   X(int, num_threads, 0, "CPU threads for kernels and oneDNN (0 = all cores)")                     \
   X(MemoryPool, memory_pool, MemoryPool::Pool, "none|pool: caching allocator or plain malloc")     \

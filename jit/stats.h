@@ -20,6 +20,7 @@ namespace kiln::jit {
 struct JitStats {
   int64_t kernels_run = 0;
   int64_t kernels_compiled = 0;
+  int64_t functions_compiled = 0;  // distinct functions among them (identical kernels share one)
   int64_t modules_compiled = 0;
   int64_t disk_cache_hits = 0;
   int64_t memory_cache_hits = 0;

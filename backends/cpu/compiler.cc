@@ -2,6 +2,8 @@
 // Disk entries are written under a unique temporary name and renamed into place, so a concurrent
 // process sees either no file or a whole one; a file damaged some other way (truncated, overwritten,
 // holding another key's module) is detected before or right after dlopen, deleted and rebuilt.
+// A module split into several translation units is one file per unit (<key>-<unit>.so), compiled
+// by as many compiler processes at once; it is a hit only when every part is there and whole.
 #include "backends/cpu/compiler.h"
 
 #include <dlfcn.h>
@@ -21,6 +23,8 @@
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
+
+#include <fmt/ranges.h>
 
 #include "core/error.h"
 #include "core/flags.h"
@@ -53,9 +57,15 @@ struct CommandResult {
   std::string output;  // stdout and stderr interleaved
 };
 
-CommandResult run_command(const std::string& command) {
+// Starts `command` with its output going to a pipe; finish_command collects it. Several started
+// before any is finished run concurrently.
+FILE* start_command(const std::string& command) {
   FILE* pipe = popen((command + " 2>&1").c_str(), "r");
   KILN_CHECK(pipe != nullptr, "jit", "cannot run '{}': {}", command, std::strerror(errno));
+  return pipe;
+}
+
+CommandResult finish_command(FILE* pipe) {
   std::string output;
   char buffer[4096];
   size_t count;
@@ -64,6 +74,8 @@ CommandResult run_command(const std::string& command) {
   const int exit_code = (status != -1 && WIFEXITED(status)) ? WEXITSTATUS(status) : -1;
   return {exit_code, output};
 }
+
+CommandResult run_command(const std::string& command) { return finish_command(start_command(command)); }
 
 std::string first_lines(const std::string& text, int max_lines) {
   std::istringstream stream(text);
@@ -105,13 +117,22 @@ const std::string& toolchain_identity() {
   return identity;
 }
 
-std::string module_key(const std::string& source) {
-  std::string keyed = source;
-  keyed += '\0';
+std::string module_key(const std::vector<std::string>& units) {
+  std::string keyed;
+  for (const std::string& unit : units) {
+    keyed += unit;
+    keyed += '\0';
+  }
   keyed += toolchain_identity();
   keyed += '\0';
   keyed += kCompileFlags;
   return jit::hash_hex(keyed);
+}
+
+// What part `part` of a module of `parts` translation units is called on disk and in its key
+// symbol: the module's key alone when it is whole.
+std::string part_key(const std::string& key, size_t part, size_t parts) {
+  return parts == 1 ? key : fmt::format("{}-{}", key, part);
 }
 
 // Returns "" when `path` looks like a whole native shared object, else what is wrong with it.
@@ -142,8 +163,8 @@ std::string elf_problem(const fs::path& path) {
   return "";
 }
 
-// Loads `path` and checks that it is the module of `key`; on failure returns null and says why.
-std::shared_ptr<CompiledModule> open_verified(const fs::path& path, const std::string& key, std::string* problem) {
+// Loads `path` and checks that it holds the part keyed `key`; on failure returns null and says why.
+void* open_verified(const fs::path& path, const std::string& key, std::string* problem) {
   *problem = elf_problem(path);
   if (!problem->empty()) return nullptr;
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -152,34 +173,42 @@ std::shared_ptr<CompiledModule> open_verified(const fs::path& path, const std::s
     *problem = message ? message : "dlopen failed";
     return nullptr;
   }
-  auto module = std::make_shared<CompiledModule>(handle, key, path.string());
   using KeyFunction = const char* (*)();
   auto module_key_function = reinterpret_cast<KeyFunction>(dlsym(handle, kKeySymbol));
-  if (module_key_function == nullptr) {
-    *problem = fmt::format("has no {}()", kKeySymbol);
-    return nullptr;
-  }
-  const char* found_key = module_key_function();
-  if (found_key == nullptr || key != found_key) {
+  const char* found_key = module_key_function ? module_key_function() : nullptr;
+  if (module_key_function == nullptr) *problem = fmt::format("has no {}()", kKeySymbol);
+  else if (found_key == nullptr || key != found_key)
     *problem = fmt::format("holds the module of another key ({})", found_key ? found_key : "null");
-    return nullptr;
-  }
-  return module;
+  if (problem->empty()) return handle;
+  dlclose(handle);
+  return nullptr;
 }
 
-std::shared_ptr<CompiledModule> load_from_disk(const std::string& key, int kernel_count) {
-  const fs::path path = fs::path(jit::cache_directory()) / (key + ".so");
+// The module of `key` in `parts` files from the cache directory, or null: when a part is missing
+// (maybe still being written by another process), or damaged (then every part is deleted).
+std::shared_ptr<CompiledModule> load_from_disk(const std::string& key, size_t parts, int kernel_count) {
+  const fs::path directory = jit::cache_directory();
+  std::vector<fs::path> paths;
   std::error_code error;
-  if (!fs::exists(path, error)) return nullptr;
-  std::string problem;
-  if (auto module = open_verified(path, key, &problem)) {
-    jit::stats().disk_cache_hits += 1;
-    if (flags().log >= 1) fmt::print(stderr, "[kiln] loaded {} kernels from the disk cache (key {})\n", kernel_count, key);
-    return module;
+  for (size_t part = 0; part < parts; ++part) {
+    paths.push_back(directory / (part_key(key, part, parts) + ".so"));
+    if (!fs::exists(paths.back(), error)) return nullptr;
   }
-  if (flags().log >= 1) fmt::print(stderr, "[kiln] cache file {} is corrupt ({}); rebuilding it\n", path.string(), problem);
-  fs::remove(path, error);
-  return nullptr;
+  auto module = std::make_shared<CompiledModule>(key);
+  for (size_t part = 0; part < parts; ++part) {
+    std::string problem;
+    void* handle = open_verified(paths[part], part_key(key, part, parts), &problem);
+    if (handle == nullptr) {
+      if (flags().log >= 1)
+        fmt::print(stderr, "[kiln] cache file {} is corrupt ({}); rebuilding it\n", paths[part].string(), problem);
+      for (const fs::path& path : paths) fs::remove(path, error);
+      return nullptr;
+    }
+    module->add_part(handle, paths[part].string());
+  }
+  jit::stats().disk_cache_hits += 1;
+  if (flags().log >= 1) fmt::print(stderr, "[kiln] loaded {} kernels from the disk cache (key {})\n", kernel_count, key);
+  return module;
 }
 
 fs::path make_temporary_directory() {
@@ -189,46 +218,72 @@ fs::path make_temporary_directory() {
   return pattern;
 }
 
-// Runs the compiler on `full_source` and loads the result. With the disk cache on, the source and
-// the shared object stay in the cache directory; with it off, both go once the module is loaded
-// (the source stays if compilation fails, so the error can point at it).
-std::shared_ptr<CompiledModule> build(const std::string& full_source, const std::string& key, int kernel_count) {
+// Runs the compiler on every part's source at once and loads the results. With the disk cache
+// on, the sources and the shared objects stay in the cache directory; with it off, they go once
+// the module is loaded (the sources stay if compilation fails, so the error can point at them).
+std::shared_ptr<CompiledModule> build(const std::vector<std::string>& full_sources, const std::string& key,
+                                      int kernel_count, int function_count) {
   const auto start = std::chrono::steady_clock::now();
   const bool keep_on_disk = flags().disk_cache;
   const fs::path directory = keep_on_disk ? fs::path(jit::cache_directory()) : make_temporary_directory();
-  const fs::path source_path = directory / (key + ".cc");
-  const fs::path final_path = directory / (key + ".so");
-  const fs::path output_path = keep_on_disk ? directory / jit::temporary_name(key, ".tmp.so") : final_path;
+  const size_t parts = full_sources.size();
 
-  if (keep_on_disk) jit::write_file_atomically(source_path.string(), full_source);
-  else jit::write_file(source_path.string(), full_source);
+  struct Part {
+    fs::path source_path, final_path, output_path;
+    std::string command;
+    FILE* pipe = nullptr;
+  };
+  std::vector<Part> built(parts);
+  for (size_t i = 0; i < parts; ++i) {
+    Part& part = built[i];
+    const std::string name = part_key(key, i, parts);
+    part.source_path = directory / (name + ".cc");
+    part.final_path = directory / (name + ".so");
+    part.output_path = keep_on_disk ? directory / jit::temporary_name(name, ".tmp.so") : part.final_path;
+    if (keep_on_disk) jit::write_file_atomically(part.source_path.string(), full_sources[i]);
+    else jit::write_file(part.source_path.string(), full_sources[i]);
+    part.command = fmt::format("{} {} -o {} {}", shell_quote(kCompilerPath), kCompileFlags,
+                               shell_quote(part.output_path.string()), shell_quote(part.source_path.string()));
+  }
+  for (Part& part : built) part.pipe = start_command(part.command);
+  std::vector<CommandResult> results;
+  for (Part& part : built) results.push_back(finish_command(part.pipe));  // every compiler is waited for
 
-  const std::string command = fmt::format("{} {} -o {} {}", shell_quote(kCompilerPath), kCompileFlags,
-                                          shell_quote(output_path.string()), shell_quote(source_path.string()));
-  const CommandResult result = run_command(command);
   std::error_code error;
-  if (result.exit_code != 0 || !fs::exists(output_path, error)) {
-    fs::remove(output_path, error);
+  for (size_t i = 0; i < parts; ++i) {
+    if (results[i].exit_code == 0 && fs::exists(built[i].output_path, error)) continue;
+    for (const Part& part : built) fs::remove(part.output_path, error);
     KILN_FAIL("jit", "the host compiler failed on a module of {} kernel(s) (exit code {}); source saved at {}\n{}command: {}",
-              kernel_count, result.exit_code, source_path.string(), first_lines(result.output, kMaxErrorLines), command);
+              kernel_count, results[i].exit_code, built[i].source_path.string(),
+              first_lines(results[i].output, kMaxErrorLines), built[i].command);
   }
   if (keep_on_disk) {
-    fs::rename(output_path, final_path, error);
-    if (error) fs::remove(output_path, error);
-    KILN_CHECK(!error, "jit", "cannot move the compiled module into {}: {}", final_path.string(), error.message());
+    for (const Part& part : built) {
+      fs::rename(part.output_path, part.final_path, error);
+      if (error) fs::remove(part.output_path, error);
+      KILN_CHECK(!error, "jit", "cannot move the compiled module into {}: {}", part.final_path.string(), error.message());
+    }
   }
 
+  auto module = std::make_shared<CompiledModule>(key);
   std::string problem;
-  auto module = open_verified(final_path, key, &problem);
+  for (size_t i = 0; i < parts && problem.empty(); ++i) {
+    void* handle = open_verified(built[i].final_path, part_key(key, i, parts), &problem);
+    if (handle != nullptr) module->add_part(handle, built[i].final_path.string());
+    else problem = fmt::format("{}: {}", built[i].final_path.string(), problem);
+  }
   if (!keep_on_disk) fs::remove_all(directory, error);  // a loaded object stays mapped after unlink
-  KILN_CHECK(module != nullptr, "jit", "the freshly compiled {} cannot be loaded: {}", final_path.string(), problem);
+  KILN_CHECK(problem.empty(), "jit", "the freshly compiled module cannot be loaded: {}", problem);
 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   jit::JitStats& counters = jit::stats();
   counters.kernels_compiled += kernel_count;
+  counters.functions_compiled += function_count;
   counters.modules_compiled += 1;
   counters.compile_seconds += seconds;
-  if (flags().log >= 1) fmt::print(stderr, "[kiln] compiled {} kernels in {:.2f} s (key {})\n", kernel_count, seconds, key);
+  if (flags().log >= 1)
+    fmt::print(stderr, "[kiln] compiled {} kernels ({} functions, {} unit{}) in {:.2f} s (key {})\n", kernel_count,
+               function_count, parts, parts == 1 ? "" : "s", seconds, key);
   return module;
 }
 
@@ -246,22 +301,33 @@ MemoryCache& memory_cache() {
 
 }  // namespace
 
-CompiledModule::CompiledModule(void* handle, std::string key, std::string path)
-    : handle_(handle), key_(std::move(key)), path_(std::move(path)) {}
+CompiledModule::CompiledModule(std::string key) : key_(std::move(key)) {}
 
 CompiledModule::~CompiledModule() {
-  if (handle_ != nullptr) dlclose(handle_);
+  for (void* handle : handles_) dlclose(handle);
+}
+
+void CompiledModule::add_part(void* handle, std::string path) {
+  handles_.push_back(handle);
+  paths_.push_back(std::move(path));
 }
 
 void* CompiledModule::symbol(const std::string& name) const {
-  dlerror();  // clear a stale error so the one below is ours
-  void* address = dlsym(handle_, name.c_str());
-  KILN_CHECK(address != nullptr, "jit", "module {} ({}) has no symbol '{}'", key_, path_, name);
-  return address;
+  for (void* handle : handles_) {
+    dlerror();  // clear a stale error
+    if (void* address = dlsym(handle, name.c_str())) return address;
+  }
+  KILN_FAIL("jit", "module {} ({}) has no symbol '{}'", key_, fmt::join(paths_, ", "), name);
 }
 
 std::shared_ptr<CompiledModule> compile_cached(const std::string& source, int kernel_count) {
-  const std::string key = module_key(source);
+  return compile_cached(std::vector<std::string>{source}, kernel_count, kernel_count);
+}
+
+std::shared_ptr<CompiledModule> compile_cached(const std::vector<std::string>& units, int kernel_count,
+                                               int function_count) {
+  KILN_CHECK(!units.empty(), "jit", "a module needs at least one translation unit");
+  const std::string key = module_key(units);
   MemoryCache& cache = memory_cache();
   std::lock_guard lock(cache.mutex);
   if (auto found = cache.modules.find(key); found != cache.modules.end()) {
@@ -269,13 +335,16 @@ std::shared_ptr<CompiledModule> compile_cached(const std::string& source, int ke
     return found->second;
   }
 
-  const std::string full_source =
-      fmt::format("{}\nextern \"C\" const char* {}() {{ return \"{}\"; }}\n", source, kKeySymbol, key);
-  if (flags().log >= 3) fmt::print(stderr, "[kiln] source of module {}:\n{}\n", key, full_source);
+  std::vector<std::string> full_sources;
+  for (size_t part = 0; part < units.size(); ++part) {
+    full_sources.push_back(fmt::format("{}\nextern \"C\" const char* {}() {{ return \"{}\"; }}\n", units[part],
+                                       kKeySymbol, part_key(key, part, units.size())));
+    if (flags().log >= 3) fmt::print(stderr, "[kiln] source of module {} (unit {}):\n{}\n", key, part, full_sources.back());
+  }
 
   std::shared_ptr<CompiledModule> module;
-  if (flags().disk_cache) module = load_from_disk(key, kernel_count);
-  if (module == nullptr) module = build(full_source, key, kernel_count);
+  if (flags().disk_cache) module = load_from_disk(key, units.size(), kernel_count);
+  if (module == nullptr) module = build(full_sources, key, kernel_count, function_count);
   cache.modules[key] = module;
   return module;
 }

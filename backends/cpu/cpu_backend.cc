@@ -1,52 +1,83 @@
 #include "backends/cpu/cpu_backend.h"
 
+#include <algorithm>
+
 #include "backends/cpu/compiler.h"
 #include "backends/cpu/conv_onednn.h"
 #include "backends/cpu/matmul_onednn.h"
 #include "backends/cpu/render_cpp.h"
+#include "core/flags.h"
 
 namespace kiln::cpu {
 
 namespace {
 
-// Kernels run on the calling thread's OpenMP team; the bound scalars are read from host memory.
+// A module of fewer functions is one translation unit: a second compiler process costs its
+// start-up and another parse of the prelude, more than it saves on a few functions.
+constexpr size_t kSplitFunctions = 16;
+
+// Kernels run on the calling thread's OpenMP team. A function may run several kernels, so each
+// launch passes the kernel's own buffers, scalars and Rand pairs, gathered through its binding.
 class HostRun final : public jit::KernelRun {
  public:
-  HostRun(const std::vector<KernelFn>& fns, const std::vector<jit::Kernel>& kernels,
-          const std::vector<double>& scalars, const std::vector<int64_t>& ints)
-      : fns_(fns), kernels_(kernels), scalars_(scalars), ints_(ints) {}
+  HostRun(const std::vector<KernelFn>& fns, const std::vector<jit::KernelBinding>& bindings,
+          const std::vector<jit::Kernel>& kernels, const std::vector<double>& scalars, const std::vector<int64_t>& ints)
+      : fns_(fns), bindings_(bindings), kernels_(kernels) {
+    // The run's bound values are fixed: every kernel's local scalars and Rand pairs, once, end to end.
+    size_t most_buffers = 0;
+    for (const jit::KernelBinding& b : bindings) {
+      scalar_start_.push_back(local_scalars_.size());
+      for (int slot : b.scalar_slots) local_scalars_.push_back(scalars[static_cast<size_t>(slot)]);
+      int_start_.push_back(local_ints_.size());
+      for (int slot : b.rand_slots) local_ints_.insert(local_ints_.end(), {ints[slot], ints[slot + 1]});
+      most_buffers = std::max(most_buffers, b.buffer_slots.size());
+    }
+    local_scalars_.push_back(0);  // a valid pointer for kernels without any
+    local_ints_.push_back(0);
+    local_buffers_.resize(most_buffers);
+  }
   void launch(size_t k, void* const* ptrs) override {
+    const std::vector<int>& slots = bindings_[k].buffer_slots;
+    for (size_t b = 0; b < slots.size(); ++b) local_buffers_[b] = ptrs[slots[b]];
     int64_t error[2] = {0, 0};
-    fns_[k](ptrs, scalars_.data(), ints_.data(), error);
+    fns_[k](local_buffers_.data(), local_scalars_.data() + scalar_start_[k], local_ints_.data() + int_start_[k], error);
     if (error[1] != 0) jit::throw_index_error(error[0], kernels_[k]);
   }
   void check_errors() override {}  // launch has thrown already
 
  private:
   const std::vector<KernelFn>& fns_;
+  const std::vector<jit::KernelBinding>& bindings_;
   const std::vector<jit::Kernel>& kernels_;
-  const std::vector<double>& scalars_;
-  const std::vector<int64_t>& ints_;
+  std::vector<double> local_scalars_;
+  std::vector<int64_t> local_ints_;
+  std::vector<size_t> scalar_start_, int_start_;  // per kernel: where its values start
+  std::vector<void*> local_buffers_;  // the launched kernel's buffers
 };
 
 class HostKernels final : public jit::CompiledKernels {
  public:
   explicit HostKernels(const std::vector<jit::Kernel>& kernels, int jit_kernels) : kernels_(kernels) {
-    module_ = compile_cached(render_cpp(kernels), jit_kernels);
+    CppSource cpp = render_cpp(kernels, flags().share_functions);
+    const int units = cpp.functions.size() < kSplitFunctions ? 1 : flags().compile_jobs;
+    module_ = compile_cached(cpp.translation_units(units), jit_kernels, static_cast<int>(cpp.functions.size()));
+    std::vector<KernelFn> functions;
+    for (const std::string& name : cpp.names) functions.push_back(reinterpret_cast<KernelFn>(module_->symbol(name)));
     fns_.assign(kernels.size(), nullptr);
     for (size_t k = 0; k < kernels.size(); ++k)
-      if (!jit::is_library(kernels[k].kind))
-        fns_[k] = reinterpret_cast<KernelFn>(module_->symbol(kernels[k].name));
+      if (cpp.function_of[k] >= 0) fns_[k] = functions[static_cast<size_t>(cpp.function_of[k])];
+    bindings_ = std::move(cpp.bindings);
   }
   std::unique_ptr<jit::KernelRun> start(const std::vector<double>& scalars,
                                         const std::vector<int64_t>& ints) const override {
-    return std::make_unique<HostRun>(fns_, kernels_, scalars, ints);
+    return std::make_unique<HostRun>(fns_, bindings_, kernels_, scalars, ints);
   }
 
  private:
   const std::vector<jit::Kernel>& kernels_;  // the plan's, which owns this object
   std::shared_ptr<CompiledModule> module_;
-  std::vector<KernelFn> fns_;  // per kernel; null for library calls
+  std::vector<KernelFn> fns_;                  // per kernel; null for library calls
+  std::vector<jit::KernelBinding> bindings_;   // per kernel; empty for library calls
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "backends/cpu/attention_prelude.h"
 #include "backends/cpu/cpu_prelude.h"
+#include "jit/canonical_kernel.h"
 #include "jit/math_prelude.h"
 #include "jit/random_prelude.h"
 #include "jit/render_common.h"
@@ -119,8 +120,9 @@ void CppKernelRenderer::render_attention(std::string& out) const {
 
 std::string CppKernelRenderer::render() {
   std::string out;
-  out += fmt::format("// {}\nextern \"C\" void {}(void* const* bufs, const double* sc, const int64_t* isc, int64_t* err) {{\n",
-                     k_.summary, k_.name);
+  if (!k_.summary.empty()) out += fmt::format("// {}\n", k_.summary);
+  out += fmt::format("extern \"C\" void {}(void* const* bufs, const double* sc, const int64_t* isc, int64_t* err) {{\n",
+                     k_.name);
   for (size_t b = 0; b < k_.buffers.size(); ++b)
     out += fmt::format("  {}* {} = ({}*)bufs[{}];\n", storage_type(k_.buffers[b].dtype), buf(static_cast<int>(b)),
                        storage_type(k_.buffers[b].dtype), k_.buffers[b].slot);
@@ -233,14 +235,43 @@ std::string CppKernelRenderer::render() {
 
 }  // namespace
 
-std::string render_cpp(const std::vector<Kernel>& kernels) {
-  std::string src = std::string(kCpuPrelude) + kMathPrelude + kRandomPrelude;
+CppSource render_cpp(const std::vector<Kernel>& kernels, bool share) {
+  CppSource cpp;
+  cpp.prelude = std::string(kCpuPrelude) + kMathPrelude + kRandomPrelude;
   // Only a plan with attention pays for compiling its templates.
   if (std::any_of(kernels.begin(), kernels.end(), [](const Kernel& k) { return k.kind == KernelKind::Attention; }))
-    src += kAttentionPrelude;
-  for (const Kernel& k : kernels)
-    if (!is_library(k.kind)) src += "\n" + CppKernelRenderer(k).render();
-  return src;
+    cpp.prelude += kAttentionPrelude;
+  const FunctionSharing sharing = share_functions(
+      kernels, [](const Kernel& canonical) { return CppKernelRenderer(canonical).render(); }, share, &cpp.bindings);
+  cpp.function_of = sharing.function_of;
+  // Each function is named after the first kernel it runs; its comment lists every kernel.
+  std::vector<std::string> users(sharing.texts.size());
+  for (size_t k = 0; k < kernels.size(); ++k)
+    if (sharing.function_of[k] >= 0) users[sharing.function_of[k]] += " " + kernels[k].name;
+  for (size_t f = 0; f < sharing.texts.size(); ++f) {
+    const Kernel& first = kernels[sharing.first_kernel[f]];
+    cpp.names.push_back(first.name);
+    cpp.functions.push_back(fmt::format("// {} (kernels:{})\n{}", first.summary, users[f],
+                                        rename_function(sharing.texts[f], first.name)));
+  }
+  return cpp;
+}
+
+std::vector<std::string> CppSource::translation_units(int count) const {
+  const size_t units = std::max<size_t>(1, std::min<size_t>(static_cast<size_t>(std::max(count, 1)), functions.size()));
+  size_t total = 0;
+  for (const std::string& f : functions) total += f.size();
+  std::vector<std::string> sources(units, prelude);
+  size_t done = 0;
+  for (const std::string& f : functions) {
+    // Unit u takes the functions that start in the u-th share of the text.
+    const size_t unit = std::min(units - 1, done * units / std::max<size_t>(total, 1));
+    sources[unit] += "\n" + f;
+    done += f.size();
+  }
+  // A share that one long function spans gets nothing; no compiler is started for it.
+  if (units > 1) sources.erase(std::remove(sources.begin(), sources.end(), prelude), sources.end());
+  return sources;
 }
 
 }  // namespace kiln::cpu

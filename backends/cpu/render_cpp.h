@@ -1,18 +1,40 @@
-// The C++ renderer: kernel IR -> one C++ translation unit for the host compiler. OpenMP over the
-// outer loop, inner loops written so the compiler can vectorize them.
+// The C++ renderer: kernel IR -> C++ functions for the host compiler. OpenMP over the outer loop,
+// inner loops written so the compiler can vectorize them. Kernels that differ only in which plan
+// slots they touch (the same layer repeated) share one function (jit/canonical_kernel.h).
+//
+//   CppSource cpp = render_cpp(plan_kernels);
+//   auto module = compile_cached(cpp.translation_units(2), kernels, cpp.functions.size());  // compiler.h
+//   KernelFn f = (KernelFn)module->symbol(cpp.names[cpp.function_of[k]]);
+//   f(local buffers, local scalars, local Rand pairs, error);              // per cpp.bindings[k]
 #pragma once
 #include <string>
 #include <vector>
 
+#include "jit/canonical_kernel.h"
 #include "jit/kernel_ir.h"
 
 namespace kiln::cpu {
 
-// Every generated kernel has this signature; `buffers` is indexed by plan slot, `error` receives
-// an out-of-range index (error[0] = value, error[1] = 1) instead of reading out of bounds.
+// Every generated function has this signature. Its arguments are the kernel's own, gathered by
+// its binding: `buffers[b]` is the plan buffer of Kernel::buffers[b], `scalars[i]` its i-th bound
+// scalar, `int_scalars[2j]`, `[2j + 1]` its j-th Rand seed and offset. `error` receives an
+// out-of-range index (error[0] = value, error[1] = 1) instead of reading out of bounds.
 using KernelFn = void (*)(void* const* buffers, const double* scalars, const int64_t* int_scalars, int64_t* error);
 
-// Source of all JIT kernels (not Matmul) of a plan, each an extern "C" function named k.name.
-std::string render_cpp(const std::vector<jit::Kernel>& kernels);
+// The JIT kernels (not library calls) of a plan as C++: a prelude and one extern "C" function per
+// distinct canonical kernel, named after the first kernel it runs.
+struct CppSource {
+  std::string prelude;                         // helpers every translation unit needs, first
+  std::vector<std::string> functions;          // per function: its text
+  std::vector<std::string> names;              // per function: its symbol
+  std::vector<int> function_of;                // per plan kernel: its function, -1 for library calls
+  std::vector<jit::KernelBinding> bindings;    // per plan kernel: where its local indices point
+  // The functions in up to `count` translation units of about equal length, in order, each
+  // after the prelude (for as many compiler processes at once); one when `count` is 1.
+  std::vector<std::string> translation_units(int count) const;
+};
+
+// `share` false gives every kernel a function of its own (the reference sharing is tested against).
+CppSource render_cpp(const std::vector<jit::Kernel>& kernels, bool share = true);
 
 }  // namespace kiln::cpu

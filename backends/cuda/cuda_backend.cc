@@ -16,9 +16,10 @@ namespace kiln::cuda {
 
 namespace {
 
-// A run's bound values in device memory, copied in one transfer: scalars (sc), Rand seeds and
-// offsets (isc), and an index-error pair (value, flag) per kernel that can fail, zeroed; after
-// them the kernels' scratch buffer (not copied).
+// A run's bound values in device memory, copied in one transfer: each kernel's own scalars (its
+// sc) and Rand seeds and offsets (its isc), and an index-error pair (value, flag) per kernel that
+// can fail, zeroed; after them the kernels' scratch buffer (not copied). Kernels sharing a
+// function number their values alike, so each gets its own sc and isc.
 class DeviceRun final : public jit::KernelRun {
  public:
   DeviceRun(const CudaKernels& kernels, const std::vector<jit::Kernel>& plan_kernels,
@@ -26,17 +27,27 @@ class DeviceRun final : public jit::KernelRun {
             const std::vector<double>& scalars, const std::vector<int64_t>& ints)
       : kernels_(kernels), plan_kernels_(plan_kernels), fallible_(fallible), error_pair_(error_pair), device_(device) {
     static_assert(sizeof(double) == sizeof(int64_t));
-    std::vector<int64_t> host(scalars.size() + ints.size() + 2 * std::max<size_t>(fallible.size(), 1), 0);
-    std::memcpy(host.data(), scalars.data(), scalars.size() * sizeof(double));
-    std::memcpy(host.data() + scalars.size(), ints.data(), ints.size() * sizeof(int64_t));
+    std::vector<double> local_scalars;
+    std::vector<int64_t> local_ints;
+    for (size_t k = 0; k < plan_kernels.size(); ++k) {
+      scalar_start_.push_back(local_scalars.size());
+      for (int slot : kernels.scalar_slots(k)) local_scalars.push_back(scalars[static_cast<size_t>(slot)]);
+      int_start_.push_back(local_ints.size());
+      for (int slot : kernels.rand_slots(k)) local_ints.insert(local_ints.end(), {ints[slot], ints[slot + 1]});
+    }
+    local_scalars.push_back(0);  // valid pointers for kernels without any
+    local_ints.push_back(0);
+    std::vector<int64_t> host(local_scalars.size() + local_ints.size() + 2 * std::max<size_t>(fallible.size(), 1), 0);
+    std::memcpy(host.data(), local_scalars.data(), local_scalars.size() * sizeof(double));
+    std::memcpy(host.data() + local_scalars.size(), local_ints.data(), local_ints.size() * sizeof(int64_t));
     const size_t bytes = (host.size() * sizeof(int64_t) + 15) / 16 * 16;  // scratch holds 16-byte values at most
     const auto scratch = static_cast<size_t>(kernels.scratch_bytes());
     storage_ = memory::allocate_storage(bytes + scratch, device);
     copy_to_device(device.index, storage_->data, host.data(), host.size() * sizeof(int64_t));
     auto* base = static_cast<int64_t*>(storage_->data);
     sc_ = reinterpret_cast<double*>(base);
-    isc_ = base + scalars.size();
-    err_ = base + scalars.size() + ints.size();
+    isc_ = base + local_scalars.size();
+    err_ = base + local_scalars.size() + local_ints.size();
     if (scratch > 0) scratch_ = static_cast<char*>(storage_->data) + bytes;
   }
 
@@ -45,7 +56,8 @@ class DeviceRun final : public jit::KernelRun {
   void launch(size_t k, void* const* ptrs) override {
     values_.clear();
     for (int slot : kernels_.parameter_slots(k)) values_.push_back(ptrs[slot]);
-    values_.insert(values_.end(), {sc_, isc_, err_ + 2 * error_pair_[k], scratch_});
+    values_.insert(values_.end(), {static_cast<void*>(sc_ + scalar_start_[k]), static_cast<void*>(isc_ + int_start_[k]),
+                                   static_cast<void*>(err_ + 2 * error_pair_[k]), scratch_});
     args_.clear();
     for (void*& v : values_) args_.push_back(&v);
     kernels_.launch(k, args_.data());
@@ -65,8 +77,11 @@ class DeviceRun final : public jit::KernelRun {
   const std::vector<int>& error_pair_;
   Device device_;
   std::shared_ptr<Storage> storage_;
-  void *sc_ = nullptr, *isc_ = nullptr, *scratch_ = nullptr;
+  double* sc_ = nullptr;
+  int64_t* isc_ = nullptr;
+  void* scratch_ = nullptr;
   int64_t* err_ = nullptr;
+  std::vector<size_t> scalar_start_, int_start_;  // per kernel: where its sc and isc start
   std::vector<void*> values_, args_;
 };
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <memory>
 #include <mutex>
+#include <set>
 
 #include "core/error.h"
 #include "backends/cuda/cuda_emulator_prelude.h"
@@ -142,13 +143,15 @@ void run_block(size_t threads, const std::string& function) {
 std::string host_source(const CudaSource& cuda) {
   std::string source = std::string(kCudaEmulatorTypes) + kCudaPrelude + jit::kMathPrelude + jit::kRandomPrelude + cuda.functions;
   source += "\n// Entries taking a launch's argument array.\n";
+  std::set<std::string> entries;  // kernels that share functions launch them under one name
   for (size_t k = 0; k < cuda.launches.size(); ++k) {
     if (cuda.launches[k].empty()) continue;
     const std::vector<std::string>& types = cuda.parameter_types[k];
     std::string call;
     for (size_t i = 0; i < types.size(); ++i) call += fmt::format("{}*({}*)a[{}]", i ? ", " : "", types[i], i);
     for (const CudaLaunch& l : cuda.launches[k])
-      source += fmt::format("extern \"C\" void kiln_emu_{}(void** a) {{ {}({}); }}\n", l.function, l.function, call);
+      if (entries.insert(l.function).second)
+        source += fmt::format("extern \"C\" void kiln_emu_{}(void** a) {{ {}({}); }}\n", l.function, l.function, call);
   }
   return source;
 }

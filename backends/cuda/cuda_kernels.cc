@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/flags.h"
 #include "backends/cuda/cuda_emulator.h"
 #include "backends/cuda/cuda_runtime.h"
 
@@ -28,7 +29,7 @@ std::string cuda_arch(int device) {
 }
 
 CudaKernels::CudaKernels(const std::vector<jit::Kernel>& kernels, int device, const std::vector<int>& groups)
-    : device_(device), source_(render_cuda(kernels, groups)) {
+    : device_(device), source_(render_cuda(kernels, groups, flags().share_functions)) {
   cuda::check_device(Device::cuda(device), "CUDA kernels");
   functions_.resize(kernels.size());
   if (cuda::emulated()) {

@@ -32,6 +32,9 @@ class CudaKernels {
   // buffer of scratch_bytes().
   void launch(size_t k, void** args) const;
   const std::vector<int>& parameter_slots(size_t k) const { return source_.parameter_slots[k]; }
+  // The plan's scalar slots of kernel k's sc[0], sc[1], ... and int-scalar slots of its Rand pairs.
+  const std::vector<int>& scalar_slots(size_t k) const { return source_.scalar_slots[k]; }
+  const std::vector<int>& rand_slots(size_t k) const { return source_.rand_slots[k]; }
   int64_t scratch_bytes() const { return source_.scratch_bytes; }
   int function_count() const { return source_.function_count; }
 

@@ -3,10 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "backends/cuda/attention_cuda.h"
 #include "backends/cuda/cuda_prelude.h"
+#include "jit/canonical_kernel.h"
 #include "jit/math_prelude.h"
 #include "jit/random_prelude.h"
 #include "jit/render_common.h"
@@ -505,7 +507,7 @@ void CudaKernelRenderer::row_phase(std::string& out, int index, int threads) con
 
 std::vector<CudaLaunch> CudaKernelRenderer::render(std::string& out) {
   std::vector<CudaLaunch> launches;
-  if (!is_library(k_.kind)) out += fmt::format("\n// {}\n", k_.summary);
+  if (!is_library(k_.kind)) out += "\n";
   switch (k_.kind) {
     case KernelKind::Elementwise: elementwise(out, launches); break;
     case KernelKind::Reduce:
@@ -582,16 +584,17 @@ std::vector<int> cuda_row_groups(const std::vector<Kernel>& kernels) {
 
 namespace {
 
-// Kernels [a, b] as one function: a block per row (grid-stride over rows), each kernel a phase
-// of the row in turn. Its parameters are every slot the kernels touch, in order of first use.
-void render_row_group(const std::vector<Kernel>& kernels, size_t a, size_t b, CudaSource& result) {
-  const Kernel& first = kernels[a];
+// `kernels` (a row group's canonical forms) as one function: a block per row (grid-stride over
+// rows), each kernel a phase of the row in turn. Its parameters are every slot the kernels touch,
+// in order of first use, which canonical slots 0, 1, ... are. Appends the function to `out`;
+// returns its launch and sets `types` to its parameter types.
+CudaLaunch render_row_group(const std::vector<Kernel>& kernels, std::string& out, std::vector<std::string>& types) {
+  const Kernel& first = kernels.front();
   const std::string name = first.name + "_rows";
-  std::vector<int>& slots = result.parameter_slots[a];
-  std::vector<std::string>& types = result.parameter_types[a];
+  std::vector<int> slots;
   std::string params, scalars, scratch;
   std::vector<int> scalar_slots;
-  for (size_t k = a; k <= b; ++k) {
+  for (size_t k = 0; k < kernels.size(); ++k) {
     for (const KernelBuffer& buf : kernels[k].buffers) {
       if (std::find(slots.begin(), slots.end(), buf.slot) != slots.end()) continue;
       slots.push_back(buf.slot);
@@ -604,28 +607,47 @@ void render_row_group(const std::vector<Kernel>& kernels, size_t a, size_t b, Cu
         scalars += fmt::format("  {}\n", scalar_declaration(e.dtype, e.slot));
       }
     if (kernels[k].kind == KernelKind::Reduce)
-      scratch += fmt::format("  __shared__ {} scratch{}[32];\n", compute_type(kernels[k].buffers[0].dtype), k - a);
+      scratch += fmt::format("  __shared__ {} scratch{}[32];\n", compute_type(kernels[k].buffers[0].dtype), k);
   }
   types.insert(types.end(), kTrailingTypes.begin(), kTrailingTypes.end());
   const int64_t rows = first.loops[0].extent;
   int64_t cols = 1;
   for (size_t l = 1; l < first.loops.size(); ++l) cols *= first.loops[l].extent;
-  std::string& out = result.functions;
-  out += fmt::format("\n// row group: {} kernels over {} rows of {}\n", b - a + 1, rows, cols);
+  out += fmt::format("\n// row group: {} kernels over {} rows of {}\n", kernels.size(), rows, cols);
   out += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}{}) {{\n", kThreads, name, params,
                      kTrailingParameters);
   out += scalars + scratch;
   out += fmt::format("  for (int64_t t = blockIdx.x; t < {}LL; t += gridDim.x) {{\n", rows);
   const int threads = row_threads(cols);
-  for (size_t k = a; k <= b; ++k) CudaKernelRenderer(kernels[k]).row_phase(out, static_cast<int>(k - a), threads);
+  for (size_t k = 0; k < kernels.size(); ++k) CudaKernelRenderer(kernels[k]).row_phase(out, static_cast<int>(k), threads);
   out += "  }\n}\n";
-  result.launches[a].push_back({name, std::clamp<int64_t>(rows, 1, kMaxBlocks), threads});
-  result.function_count += 1;
+  return {name, std::clamp<int64_t>(rows, 1, kMaxBlocks), threads};
+}
+
+// The functions of one launch unit (a kernel, or a row group as one function) in canonical form.
+struct UnitText {
+  std::string text;
+  std::vector<CudaLaunch> launches;  // named after kCanonicalName
+  std::vector<std::string> types;
+  int64_t scratch_bytes = 0;
+};
+
+UnitText render_unit(const std::vector<Kernel>& canonical) {
+  UnitText unit;
+  if (canonical.size() > 1) {
+    unit.launches.push_back(render_row_group(canonical, unit.text, unit.types));
+    return unit;
+  }
+  CudaKernelRenderer renderer(canonical.front());
+  unit.launches = renderer.render(unit.text);
+  unit.scratch_bytes = renderer.scratch_bytes();
+  unit.types = cuda_parameter_types(canonical.front());
+  return unit;
 }
 
 }  // namespace
 
-CudaSource render_cuda(const std::vector<Kernel>& kernels, const std::vector<int>& groups) {
+CudaSource render_cuda(const std::vector<Kernel>& kernels, const std::vector<int>& groups, bool share) {
   CudaSource result;
   // Only a plan with attention pays for compiling its templates.
   if (std::any_of(kernels.begin(), kernels.end(), [](const Kernel& k) { return k.kind == KernelKind::Attention; }))
@@ -633,22 +655,38 @@ CudaSource render_cuda(const std::vector<Kernel>& kernels, const std::vector<int
   result.launches.resize(kernels.size());
   result.parameter_slots.resize(kernels.size());
   result.parameter_types.resize(kernels.size());
+  result.scalar_slots.resize(kernels.size());
+  result.rand_slots.resize(kernels.size());
+  // Per distinct unit (its text and launches): the kernel whose launches name its functions.
+  std::unordered_map<std::string, size_t> first_with;
   for (size_t k = 0; k < kernels.size(); ++k) {
     const size_t start = groups.empty() ? k : static_cast<size_t>(groups[k]);
-    if (start != k) continue;  // a later phase of a row group
+    if (start != k || is_library(kernels[k].kind)) continue;  // a later phase of a row group, or a library call
     size_t end = k;
     while (end + 1 < kernels.size() && !groups.empty() && static_cast<size_t>(groups[end + 1]) == k) ++end;
-    if (end > k) {
-      render_row_group(kernels, k, end, result);
+    jit::KernelBinding binding;
+    std::vector<Kernel> canonical;
+    for (size_t i = k; i <= end; ++i) canonical.push_back(canonical_kernel(kernels[i], &binding));
+    const UnitText unit = render_unit(canonical);
+    if (unit.launches.empty()) continue;
+    result.parameter_slots[k] = binding.buffer_slots;
+    result.scalar_slots[k] = binding.scalar_slots;
+    result.rand_slots[k] = binding.rand_slots;
+    result.parameter_types[k] = unit.types;
+    result.scratch_bytes = std::max(result.scratch_bytes, unit.scratch_bytes);
+
+    std::string key = unit.text;
+    for (const CudaLaunch& l : unit.launches) key += fmt::format("\n{} {} {}", l.function, l.blocks, l.threads);
+    auto found = share ? first_with.find(key) : first_with.end();
+    if (found != first_with.end()) {
+      result.launches[k] = result.launches[found->second];
       continue;
     }
-    CudaKernelRenderer renderer(kernels[k]);
-    result.launches[k] = renderer.render(result.functions);
-    result.scratch_bytes = std::max(result.scratch_bytes, renderer.scratch_bytes());
-    result.function_count += static_cast<int>(result.launches[k].size());
-    if (result.launches[k].empty()) continue;
-    for (const KernelBuffer& b : kernels[k].buffers) result.parameter_slots[k].push_back(b.slot);
-    result.parameter_types[k] = cuda_parameter_types(kernels[k]);
+    if (share) first_with.emplace(std::move(key), k);
+    for (const CudaLaunch& l : unit.launches)
+      result.launches[k].push_back({rename_function(l.function, kernels[k].name), l.blocks, l.threads});
+    result.functions += fmt::format("\n// {}{}", kernels[k].summary, rename_function(unit.text, kernels[k].name));
+    result.function_count += static_cast<int>(unit.launches.size());
   }
   result.source = std::string(kCudaTypes) + kCudaPrelude + kMathPrelude + kRandomPrelude + result.functions;
   return result;

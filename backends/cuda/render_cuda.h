@@ -9,7 +9,10 @@
 //   Cubin cubin = compile_cuda_cached(cuda.source, "sm_90");      // backends/cuda/nvrtc.h
 //   for (const CudaLaunch& l : cuda.launches[k])                  // in order, on one stream:
 //     launch l.function with <<<l.blocks, l.threads>>> and the arguments
-//     (buffers of kernel k in jit::Kernel::buffers order, then sc, isc, err, scratch: device pointers)
+//     (the buffers of cuda.parameter_slots[k], then sc, isc, err, scratch: device pointers; sc and
+//     isc hold kernel k's own bound values, cuda.scalar_slots[k] and cuda.rand_slots[k])
+// Kernels (and row groups) that differ only in the plan slots they touch share their functions
+// (jit/canonical_kernel.h): their launches name the same functions.
 #pragma once
 #include <string>
 #include <vector>
@@ -21,7 +24,8 @@ namespace kiln::cuda {
 // One __global__ function launch of a kernel. Every function of a kernel takes the same
 // parameters: a typed pointer per jit::Kernel::buffers entry (buffers[0], the output, first), then
 // `const double* sc`, `const int64_t* isc` and `int64_t* err`, as the CPU kernels get them
-// (render_cpp.h): bound scalars by slot, Rand seed/offset pairs, the out-of-range index slot;
+// (render_cpp.h): the kernel's bound scalars and Rand seed/offset pairs in its own numbering, the
+// out-of-range index slot;
 // last `void* plan_scratch`, CudaSource::scratch_bytes of device memory that one kernel's functions
 // pass between them (the parts of a split reduction), shared by all kernels of a plan since they
 // run one after another.
@@ -41,7 +45,11 @@ struct CudaSource {
   // scratch).
   std::vector<std::vector<int>> parameter_slots;
   std::vector<std::vector<std::string>> parameter_types;
-  int function_count = 0;
+  // Per kernel with launches: the plan's scalar slots of its sc[0], sc[1], ..., and the plan's
+  // int-scalar slots of its Rand pairs isc[0, 1], isc[2, 3], ... (jit::KernelBinding).
+  std::vector<std::vector<int>> scalar_slots;
+  std::vector<std::vector<int>> rand_slots;
+  int function_count = 0;                         // distinct functions, shared ones once
   int64_t scratch_bytes = 0;  // the most any kernel uses
 };
 
@@ -54,8 +62,8 @@ struct CudaSource {
 std::vector<int> cuda_row_groups(const std::vector<jit::Kernel>& kernels);
 
 // Source of all JIT kernels (not Matmul or Conv) of a plan; `groups` from cuda_row_groups (empty:
-// every kernel alone).
-CudaSource render_cuda(const std::vector<jit::Kernel>& kernels, const std::vector<int>& groups = {});
+// every kernel alone). `share` false gives every kernel functions of its own.
+CudaSource render_cuda(const std::vector<jit::Kernel>& kernels, const std::vector<int>& groups = {}, bool share = true);
 
 
 }  // namespace kiln::cuda

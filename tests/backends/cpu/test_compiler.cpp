@@ -213,3 +213,55 @@ TEST_CASE("hash_hex is 64-bit FNV-1a in 16 hex digits", "[jit]") {
   CHECK(kiln::jit::hash_hex("kernel a") != kiln::jit::hash_hex("kernel b"));
   CHECK(kiln::jit::hash_hex(std::string_view("a\0b", 3)) != kiln::jit::hash_hex("ab"));
 }
+
+TEST_CASE("jit compiles a module's units at once and caches every part", "[jit]") {
+  FreshJit jit;
+  const std::vector<std::string> units = {kAdd1Source, kTimes2Source};
+  auto module = compile_cached(units, 2, 2);
+  CHECK(call(*module, "add1", 1) == 2);
+  CHECK(call(*module, "times2", 3) == 6);
+  REQUIRE(module->paths().size() == 2);
+  CHECK(stats().modules_compiled == 1);
+  CHECK(stats().functions_compiled == 2);
+  CHECK_THROWS_AS(module->symbol("no_such_kernel"), kiln::Error);
+
+  kiln::cpu::clear_memory_cache();  // a new process: every part from the disk cache
+  auto reloaded = compile_cached(units, 2, 2);
+  CHECK(stats().modules_compiled == 1);
+  CHECK(stats().disk_cache_hits == 1);
+  CHECK(call(*reloaded, "times2", 4) == 8);
+
+  // A changed unit, or the same code as one unit, is another module.
+  const std::string times3 = R"(extern "C" int times2(int x) { return x * 3; })";
+  auto changed = compile_cached(std::vector<std::string>{kAdd1Source, times3}, 2, 2);
+  CHECK(changed->key() != module->key());
+  CHECK(call(*changed, "times2", 4) == 12);
+  CHECK(compile_cached(kAdd1Source + "\n" + kTimes2Source, 2)->key() != module->key());
+  CHECK(stats().modules_compiled == 3);
+
+  // A damaged part, then a missing one: the module is rebuilt, not half loaded.
+  kiln::cpu::clear_memory_cache();
+  replace_file(module->paths()[1], "not an ELF file");
+  CHECK(call(*compile_cached(units, 2, 2), "times2", 5) == 10);
+  CHECK(stats().modules_compiled == 4);
+  kiln::cpu::clear_memory_cache();
+  fs::remove(module->paths()[0]);
+  CHECK(call(*compile_cached(units, 2, 2), "add1", 5) == 6);
+  CHECK(stats().modules_compiled == 5);
+  CHECK(stats().disk_cache_hits == 1);
+}
+
+TEST_CASE("jit reports the unit the compiler failed on and keeps no part", "[jit]") {
+  FreshJit jit;
+  const std::string broken = R"(extern "C" int broken_kernel(int x) { return x + ; })";
+  std::string message;
+  try {
+    compile_cached(std::vector<std::string>{kAdd1Source, broken}, 2, 2);
+  } catch (const kiln::Error& error) {
+    message = error.what();
+  }
+  CHECK(message.find("broken_kernel") != std::string::npos);
+  CHECK(message.find("-1.cc") != std::string::npos);  // the second unit's saved source
+  CHECK(stats().modules_compiled == 0);
+  for (const std::string& name : file_names(jit.cache_dir)) CHECK(name.find(".so") == std::string::npos);
+}

@@ -54,33 +54,37 @@ __attribute__((optimize("fp-contract=fast"))) static inline void kiln_tile_abt(c
                                                                                int64_t rows) {
   typedef typename KilnAttnVec<T>::type V;
   constexpr int64_t NV = N / KilnAttnVec<T>::lanes;
+  constexpr int64_t RB = NV <= 1 ? 8 : (NV <= 2 ? 4 : 2);  // rows at once: about 8 accumulators
   const V* b = (const V*)Bt;
   V* c = (V*)C;
   int64_t i = 0;
-  for (; i + 2 <= rows; i += 2) {
-    V c0[NV], c1[NV];
+  for (; i + RB <= rows; i += RB) {
+    V acc[RB][NV];
     #pragma GCC unroll 16
-    for (int64_t v = 0; v < NV; ++v) c0[v] = c1[v] = V{};
-    for (int64_t k = 0; k < K; ++k) {
-      const T a0 = A[i * K + k], a1 = A[(i + 1) * K + k];
+    for (int64_t r = 0; r < RB; ++r)
       #pragma GCC unroll 16
-      for (int64_t v = 0; v < NV; ++v) {
-        c0[v] += a0 * b[k * NV + v];
-        c1[v] += a1 * b[k * NV + v];
-      }
-    }
-    #pragma GCC unroll 16
-    for (int64_t v = 0; v < NV; ++v) c[i * NV + v] = c0[v], c[(i + 1) * NV + v] = c1[v];
-  }
-  for (; i < rows; ++i) {
-    V c0[NV];
-    #pragma GCC unroll 16
-    for (int64_t v = 0; v < NV; ++v) c0[v] = V{};
+      for (int64_t v = 0; v < NV; ++v) acc[r][v] = V{};
     for (int64_t k = 0; k < K; ++k)
       #pragma GCC unroll 16
-      for (int64_t v = 0; v < NV; ++v) c0[v] += A[i * K + k] * b[k * NV + v];
+      for (int64_t r = 0; r < RB; ++r) {
+        const T a = A[(i + r) * K + k];
+        #pragma GCC unroll 16
+        for (int64_t v = 0; v < NV; ++v) acc[r][v] += a * b[k * NV + v];
+      }
     #pragma GCC unroll 16
-    for (int64_t v = 0; v < NV; ++v) c[i * NV + v] = c0[v];
+    for (int64_t r = 0; r < RB; ++r)
+      #pragma GCC unroll 16
+      for (int64_t v = 0; v < NV; ++v) c[(i + r) * NV + v] = acc[r][v];
+  }
+  for (; i < rows; ++i) {
+    V acc[NV];
+    #pragma GCC unroll 16
+    for (int64_t v = 0; v < NV; ++v) acc[v] = V{};
+    for (int64_t k = 0; k < K; ++k)
+      #pragma GCC unroll 16
+      for (int64_t v = 0; v < NV; ++v) acc[v] += A[i * K + k] * b[k * NV + v];
+    #pragma GCC unroll 16
+    for (int64_t v = 0; v < NV; ++v) c[i * NV + v] = acc[v];
   }
 }
 
@@ -122,6 +126,67 @@ __attribute__((optimize("fp-contract=fast"))) static inline void kiln_tile_acc(c
     }
 }
 
+// The row loops in whole vectors (GCC vectorizes the plain loops only in part). The float exp
+// is the prelude's kiln_expf operation for operation on every lane (rint as the 1.5 * 2^23
+// round trip, exact for |x| < 2^22), so a lane gives kiln_expf's bits.
+typedef int32_t KilnAttnInts __attribute__((vector_size(64)));
+static inline KilnAttnVec<float>::type kiln_expf_lanes(KilnAttnVec<float>::type x) {
+  typedef KilnAttnVec<float>::type V;
+  const V xc = x < -87.33654f ? (V{} - 87.33654f) : (x > 88.72283f ? (V{} + 88.72283f) : x);
+  const V n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f;
+  const V r = xc - n * 0.693145752f - n * 1.42860677e-6f;
+  const V p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f +
+              r * (0.00138888892f + r * 0.000198412701f))))));
+  const KilnAttnInts ni = __builtin_convertvector(n, KilnAttnInts), half = ni >> 1;
+  V y = p * (V)((half + 127) << 23) * (V)((ni - half + 127) << 23);
+  y = x > 88.72283f ? (V{} + __builtin_inff()) : y;
+  y = x < -87.33654f ? V{} : y;
+  return x != x ? x : y;
+}
+
+// Hides keys j >= seen of a score row (-inf) and returns the row's maximum.
+template <typename T, int64_t BC>
+static inline T kiln_attn_mask_max(T* row, int64_t seen) {
+  typedef typename KilnAttnVec<T>::type V;
+  constexpr int64_t L = KilnAttnVec<T>::lanes, NV = BC / L;
+  V* r = (V*)row;
+  V lane;
+  for (int64_t l = 0; l < L; ++l) lane[l] = (T)l;
+  const V minus_inf = V{} - (T)__builtin_inf();
+  V top = minus_inf;
+  for (int64_t v = 0; v < NV; ++v) {
+    V x = r[v];
+    if ((v + 1) * L > seen) r[v] = x = lane < (T)(seen - v * L) ? x : minus_inf;
+    top = x > top ? x : top;
+  }
+  T m = top[0];
+  for (int64_t l = 1; l < L; ++l) m = top[l] > m ? top[l] : m;
+  return m;
+}
+
+// row[j] = exp(row[j] - m) for the whole row; returns the sum when SUM.
+template <typename T, int64_t BC, bool SUM = true>
+static inline T kiln_attn_exp_sum(T* row, T m) {
+  if constexpr (sizeof(T) == sizeof(float)) {
+    typedef KilnAttnVec<float>::type V;
+    constexpr int64_t NV = BC / KilnAttnVec<float>::lanes;
+    V* r = (V*)row;
+    V sum = V{};
+    for (int64_t v = 0; v < NV; ++v) {
+      r[v] = kiln_expf_lanes(r[v] - m);
+      if (SUM) sum += r[v];
+    }
+    if (!SUM) return 0;
+    T total = 0;  // lanes in a fixed order: the same sum whatever the thread
+    for (int64_t l = 0; l < KilnAttnVec<float>::lanes; ++l) total += sum[l];
+    return total;
+  } else {
+    T total = 0;
+    for (int64_t j = 0; j < BC; ++j) total += row[j] = kiln_attn_exp(row[j] - m);
+    return total;
+  }
+}
+
 // How many keys of the tile starting at key j0 (cols of them) query i sees: keys beyond
 // i + (TK - TQ) are in its future.
 template <bool CAUSAL, int64_t TQ, int64_t TK, int64_t BC>
@@ -150,15 +215,18 @@ static void kiln_attention_forward(Q q, K k, V v, O o, L lse, T scale) {
     KilnAttnScratch<T> scratch(kScratch);
     T* qs = scratch.base;      // [BR][DP] scaled query rows
     T* acc = qs + BR * DP;     // [BR][DVP] unnormalized output rows
-    T* s = acc + BR * DVP;     // [BR][BC] scores, then probabilities
-    T* kt = s + BR * BC;       // [DP][BC] keys, transposed
+    T* kt = acc + BR * DVP;    // [DP][BC] keys, transposed
     T* vb = kt + DP * BC;      // [BC][DVP] values
-    T* m = vb + BC * DVP;      // [BR] running maximum
+    T* s = vb + BC * DVP;      // [BR][BC] scores, then probabilities
+    T* m = s + BR * BC;        // [BR] running maximum
     T* l = m + BR;             // [BR] running sum
-    memset(scratch.base, 0, sizeof(T) * kScratch);
+    // Padding (rows past `rows`, features past D and DV) reads as zeros in the tile products;
+    // the tiles below rewrite only real features.
+    memset(qs, 0, sizeof(T) * (BR * DP + BR * DVP + DP * BC + BC * DVP));
+    for (int64_t i = 0; i < BR; ++i) m[i] = -__builtin_inf(), l[i] = 0;
     for (int64_t i = 0; i < rows; ++i) {
+      #pragma omp simd
       for (int64_t d = 0; d < D; ++d) qs[i * DP + d] = scale * q.at(b, h, i0 + i, d);
-      m[i] = -__builtin_inf();
     }
     // Keys past the last row's horizon are in every row's future.
     const int64_t key_end = CAUSAL ? (i0 + rows + TK - TQ < TK ? i0 + rows + TK - TQ : TK) : TK;
@@ -171,26 +239,14 @@ static void kiln_attention_forward(Q q, K k, V v, O o, L lse, T scale) {
       kiln_tile_abt<T, DP, BC>(qs, kt, s, rows);
       for (int64_t i = 0; i < rows; ++i) {
         T* si = s + i * BC;
-        const int64_t seen = kiln_attn_seen<CAUSAL, TQ, TK, BC>(i0 + i, j0, cols);
-        T top = -__builtin_inf();
-        #pragma omp simd reduction(max:top)
-        for (int64_t j = 0; j < BC; ++j) {
-          si[j] = j < seen ? si[j] : -__builtin_inf();
-          top = si[j] > top ? si[j] : top;
-        }
+        const T top = kiln_attn_mask_max<T, BC>(si, kiln_attn_seen<CAUSAL, TQ, TK, BC>(i0 + i, j0, cols));
         const T m_new = top > m[i] ? top : m[i];
         if (m_new == -__builtin_inf()) {  // no key visible yet: nothing to add
           for (int64_t j = 0; j < BC; ++j) si[j] = 0;
           continue;
         }
         const T alpha = kiln_attn_exp(m[i] - m_new);
-        T sum = 0;
-        #pragma omp simd reduction(+:sum)
-        for (int64_t j = 0; j < BC; ++j) {
-          si[j] = kiln_attn_exp(si[j] - m_new);
-          sum += si[j];
-        }
-        l[i] = l[i] * alpha + sum;
+        l[i] = l[i] * alpha + kiln_attn_exp_sum<T, BC>(si, m_new);
         m[i] = m_new;
         #pragma omp simd
         for (int64_t d = 0; d < DVP; ++d) acc[i * DVP + d] *= alpha;
@@ -199,6 +255,7 @@ static void kiln_attention_forward(Q q, K k, V v, O o, L lse, T scale) {
     }
     for (int64_t i = 0; i < rows; ++i) {
       const T inv = (T)1 / l[i];  // no visible key at all: 0 / 0, as the composite's softmax
+      #pragma omp simd
       for (int64_t d = 0; d < DV; ++d) o.at(b, h, i0 + i, d) = acc[i * DVP + d] * inv;
       lse.at(b, h, i0 + i, 0) = m[i] + kiln_attn_log(l[i]);
     }
@@ -222,28 +279,29 @@ static void kiln_attention_backward(Q q, K k, V v, O o, L lse, DO do_, DQ dq, DK
     T* dqa = delta + TQP;        // [TQ][DP] dq, unscaled
     T* qs = dqa + TQ * DP;       // [BR][DP] scaled query rows
     T* dob = qs + BR * DP;       // [BR][DVP] output gradient rows
-    T* p = dob + BR * DVP;       // [BR][BC] probabilities
-    T* dp = p + BR * BC;         // [BR][BC] do vᵀ
-    T* ds = dp + BR * BC;        // [BR][BC] score gradients
-    T* kt = ds + BR * BC;        // [DP][BC] keys, transposed
+    T* kt = dob + BR * DVP;      // [DP][BC] keys, transposed
     T* kb = kt + DP * BC;        // [BC][DP] keys
     T* vt = kb + BC * DP;        // [DVP][BC] values, transposed
     T* dka = vt + DVP * BC;      // [BC][DP]
     T* dva = dka + BC * DP;      // [BC][DVP]
-    memset(scratch.base, 0, sizeof(T) * kScratch);
+    T* p = dva + BC * DVP;       // [BR][BC] probabilities
+    T* dp = p + BR * BC;         // [BR][BC] do vᵀ
+    T* ds = dp + BR * BC;        // [BR][BC] score gradients
+    // dq accumulates from zero; padding (features past D and DV) reads as zeros in the tile
+    // products, and the tiles below rewrite only real features.
+    memset(dqa, 0, sizeof(T) * (TQ * DP + BR * DP + BR * DVP + DP * BC + BC * DP + DVP * BC));
     for (int64_t i = 0; i < TQ; ++i) {
       T sum = 0;
+      #pragma omp simd reduction(+:sum)
       for (int64_t d = 0; d < DV; ++d) sum += do_.at(b, h, i, d) * o.at(b, h, i, d);
       delta[i] = sum;
     }
     for (int64_t j0 = 0; j0 < TK; j0 += BC) {
       const int64_t cols = TK - j0 < BC ? TK - j0 : BC;
       for (int64_t j = 0; j < BC; ++j) {
-        for (int64_t d = 0; d < D; ++d) {
-          const T kv = j < cols ? k.at(b, h, j0 + j, d) : (T)0;
-          kt[d * BC + j] = kv;
-          kb[j * DP + d] = kv;
-        }
+        #pragma omp simd
+        for (int64_t d = 0; d < D; ++d) kb[j * DP + d] = j < cols ? k.at(b, h, j0 + j, d) : (T)0;
+        for (int64_t d = 0; d < D; ++d) kt[d * BC + j] = kb[j * DP + d];
         for (int64_t d = 0; d < DV; ++d) vt[d * BC + j] = j < cols ? v.at(b, h, j0 + j, d) : (T)0;
       }
       memset(dka, 0, sizeof(T) * (BC * DP + BC * DVP));  // dka and dva
@@ -252,32 +310,40 @@ static void kiln_attention_backward(Q q, K k, V v, O o, L lse, DO do_, DQ dq, DK
       for (int64_t i0 = first; i0 < TQ; i0 += BR) {
         const int64_t rows = TQ - i0 < BR ? TQ - i0 : BR;
         for (int64_t i = 0; i < rows; ++i) {
+          #pragma omp simd
           for (int64_t d = 0; d < D; ++d) qs[i * DP + d] = scale * q.at(b, h, i0 + i, d);
+          #pragma omp simd
           for (int64_t d = 0; d < DV; ++d) dob[i * DVP + d] = do_.at(b, h, i0 + i, d);
         }
         kiln_tile_abt<T, DP, BC>(qs, kt, p, rows);
         kiln_tile_abt<T, DVP, BC>(dob, vt, dp, rows);
         for (int64_t i = 0; i < rows; ++i) {
           const T li = lse.at(b, h, i0 + i, 0), di = delta[i0 + i];
-          const int64_t seen = li == -__builtin_inf() ? 0 : kiln_attn_seen<CAUSAL, TQ, TK, BC>(i0 + i, j0, cols);
-          #pragma omp simd
-          for (int64_t j = 0; j < BC; ++j) {
-            const T pij = j < seen ? kiln_attn_exp(p[i * BC + j] - li) : (T)0;
-            p[i * BC + j] = pij;
-            ds[i * BC + j] = pij * (dp[i * BC + j] - di);
+          T* pi = p + i * BC;
+          if (li == -__builtin_inf()) {  // the row sees no key at all
+            for (int64_t j = 0; j < BC; ++j) pi[j] = 0;
+          } else {
+            kiln_attn_mask_max<T, BC>(pi, kiln_attn_seen<CAUSAL, TQ, TK, BC>(i0 + i, j0, cols));
+            kiln_attn_exp_sum<T, BC, false>(pi, li);
           }
+          #pragma omp simd
+          for (int64_t j = 0; j < BC; ++j) ds[i * BC + j] = pi[j] * (dp[i * BC + j] - di);
         }
         kiln_tile_acc<T, DVP>(p, 1, BC, rows, dob, dva, cols);             // dv[j] += p[i][j] do[i]
         kiln_tile_acc<T, DP>(ds, 1, BC, rows, qs, dka, cols);              // dk[j] += ds[i][j] q[i]
         kiln_tile_acc<T, DP>(ds, BC, 1, cols, kb, dqa + i0 * DP, rows);    // dq[i] += ds[i][j] k[j]
       }
       for (int64_t j = 0; j < cols; ++j) {
+        #pragma omp simd
         for (int64_t d = 0; d < D; ++d) dk.at(b, h, j0 + j, d) = dka[j * DP + d];
+        #pragma omp simd
         for (int64_t d = 0; d < DV; ++d) dv.at(b, h, j0 + j, d) = dva[j * DVP + d];
       }
     }
-    for (int64_t i = 0; i < TQ; ++i)
+    for (int64_t i = 0; i < TQ; ++i) {
+      #pragma omp simd
       for (int64_t d = 0; d < D; ++d) dq.at(b, h, i, d) = scale * dqa[i * DP + d];
+    }
   }
 }
 )KILN";

@@ -104,10 +104,12 @@ std::string CppKernelRenderer::attention_view(const AttentionOperand& op) const 
 
 // A call of the prelude's template (backends/cpu/attention_prelude.h) with every size constant.
 // Tiles of up to 64 query rows by 64 keys; the key tile is a multiple of 16 (one AVX-512 vector
-// of floats) so its rows vectorize without a remainder.
+// of floats) so its rows vectorize without a remainder. A causal backward takes 32 x 32 tiles,
+// which skip more of the hidden half (measured 1.14x faster at T = 64, d = 32).
 void CppKernelRenderer::render_attention(std::string& out) const {
   const AttentionCall& a = k_.attention;
-  const int64_t br = std::min<int64_t>(64, a.Tq), bc = std::min<int64_t>(64, (a.Tk + 15) / 16 * 16);
+  const int64_t tile = a.backward && a.causal ? 32 : 64;
+  const int64_t br = std::min<int64_t>(tile, a.Tq), bc = std::min<int64_t>(tile, (a.Tk + 15) / 16 * 16);
   const char* t = compute_type(k_.buffers[0].dtype);
   out += fmt::format("  kiln_attention_{}<{}, {}LL, {}LL, {}LL, {}LL, {}LL, {}LL, {}LL, {}LL, {}>(\n",
                      a.backward ? "backward" : "forward", t, a.B, a.H, a.Tq, a.Tk, a.D, a.Dv, br, bc,

@@ -137,9 +137,12 @@ TEST_CASE("onednn matmul: float32 transposed, padded, strided and reversed opera
   for (Layout l : {Layout::Transposed, Layout::Padded, Layout::Strided})
     for (int64_t M : {1, 3})
       for (int64_t N : {1, 3}) check({DType::Float32, 2, M, 17, N, l, l}, kFloat32Tol);
-  // A large column-major A (a weight gradient's x^T) is first copied row-major by a reorder.
-  for (Layout l : {Layout::Transposed, Layout::Padded, Layout::Reversed})
+  // A large column-major A (a weight gradient's x^T): batch 1 goes to sgemm reading it
+  // transposed, batches are first copied row-major by a reorder.
+  for (Layout l : {Layout::RowMajor, Layout::Transposed, Layout::Padded, Layout::Strided, Layout::Reversed}) {
+    check({DType::Float32, 1, 300, 260, 5, Layout::Transposed, l}, kFloat32Tol);
     check({DType::Float32, 2, 300, 260, 5, Layout::Transposed, l}, kFloat32Tol);
+  }
   check({DType::Float32, 1, 300, 260, 5, Layout::Reversed, Layout::Strided}, kFloat32Tol);  // no reorder: copied by hand
 }
 

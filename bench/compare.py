@@ -161,7 +161,8 @@ class Gpt:
         else:
             row["speed"] = number(r"^steady: ([\d.]+) tokens/s", out, program)
             row["val_loss"] = number(r"^validation loss: ([\d.]+)", out, program)
-            saved = re.search(r"^saved for the backward: activations ([\d.]+) (\w+)", out, re.M)
+        saved = re.search(r"^saved for the backward: activations ([\d.]+) (\w+)", out, re.M)
+        if saved:
             row["saved"] = to_bytes(saved.group(1), saved.group(2))
         return {config: row}
 

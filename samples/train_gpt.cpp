@@ -252,6 +252,12 @@ int main(int argc, char** argv) {
         if (compress == "int8") int8.emplace(true);
         loss = lm_loss(gpt, x, y);
       }
+      if (step == 1 && lead) {  // what the step keeps for its backward (planned, not run)
+        const kiln::jit::SavedForBackward saved = kiln::jit::saved_for_backward(loss, gpt.parameters());
+        using kiln::memory::format_bytes;
+        fmt::print("saved for the backward: activations {}, the batch {}, weights {}\n", format_bytes(saved.activations),
+                   format_bytes(saved.inputs), format_bytes(saved.weights));
+      }
       opt.zero_grad();
       loss.backward();
       opt.step({loss});

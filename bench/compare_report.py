@@ -122,6 +122,14 @@ def smooth(values, window):
     return out
 
 
+def save(fig, out, name):
+    fig.tight_layout()
+    path = os.path.join(out, name)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_losses(out, workload, title, rows):
     fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 3.6), squeeze=False)
     for ax, ((_, row), programs) in zip(axes[0], rows):
@@ -140,11 +148,7 @@ def plot_losses(out, workload, title, rows):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path = os.path.join(out, f"loss_{workload}.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out, f"loss_{workload}.png")
 
 
 def grouped_bars(ax, labels, series, ylabel, log=False):
@@ -174,11 +178,7 @@ def plot_memory(out, table):
                  [(LABELS[p], COLORS[p], [(get(q, p, "saved") or 0) / 2**20 or None for _, q in saved_rows])
                   for p in ("kiln", "eager")], "MiB (log scale)", log=True)
     right.set_title("activations saved for the backward, one step")
-    fig.tight_layout()
-    path = os.path.join(out, "memory.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out, "memory.png")
 
 
 def plot_speed(out, table):
@@ -194,11 +194,7 @@ def plot_speed(out, table):
     grouped_bars(ax, labels, series, "speed ratio (> 1: kiln faster; log scale)", log=True)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_title("kiln's speed over PyTorch's, same run (medians)")
-    fig.tight_layout()
-    path = os.path.join(out, "speed.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out, "speed.png")
 
 
 def write(out, results, info, settings):

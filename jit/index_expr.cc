@@ -87,23 +87,18 @@ std::pair<int64_t, int64_t> IndexContext::whole_range(const IndexAtom& atom) con
   return {-(d - 1), d - 1};
 }
 
-int64_t IndexContext::whole_min(const IndexExpr& a) const {
-  int64_t v = a.constant;
+std::pair<int64_t, int64_t> IndexContext::whole_bounds(const IndexExpr& a) const {
+  int64_t lo = a.constant, hi = a.constant;
   for (auto& t : a.terms) {
-    const auto [lo, hi] = whole_range(atoms_[t.atom]);
-    v += t.coeff > 0 ? t.coeff * lo : t.coeff * hi;
+    const auto [atom_lo, atom_hi] = whole_range(atoms_[t.atom]);
+    lo += t.coeff > 0 ? t.coeff * atom_lo : t.coeff * atom_hi;
+    hi += t.coeff > 0 ? t.coeff * atom_hi : t.coeff * atom_lo;
   }
-  return v;
+  return {lo, hi};
 }
 
-int64_t IndexContext::whole_max(const IndexExpr& a) const {
-  int64_t v = a.constant;
-  for (auto& t : a.terms) {
-    const auto [lo, hi] = whole_range(atoms_[t.atom]);
-    v += t.coeff > 0 ? t.coeff * hi : t.coeff * lo;
-  }
-  return v;
-}
+int64_t IndexContext::whole_min(const IndexExpr& a) const { return whole_bounds(a).first; }
+int64_t IndexContext::whole_max(const IndexExpr& a) const { return whole_bounds(a).second; }
 
 IndexExpr IndexContext::add(const IndexExpr& a, const IndexExpr& b) const {
   std::map<int, int64_t> acc;

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/node.h"
@@ -72,6 +73,7 @@ class IndexContext {
  private:
   bool uses_var(const IndexExpr& a, const std::string& var) const;
   std::pair<int64_t, int64_t> whole_range(const IndexAtom& atom) const;
+  std::pair<int64_t, int64_t> whole_bounds(const IndexExpr& a) const;
   int intern(IndexAtom atom);
   std::vector<IndexAtom> atoms_;
   std::vector<IndexExpr> inners_;

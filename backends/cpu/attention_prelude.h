@@ -48,55 +48,16 @@ struct KilnAttnVec {
   static constexpr int64_t lanes = 64 / sizeof(T);
 };
 
-// C[i][:N] = sum_k A[i][k] * Bt[k][:N] for i < rows (A rows K long): scores of a tile.
-template <typename T, int64_t K, int64_t N>
-__attribute__((optimize("fp-contract=fast"))) static inline void kiln_tile_abt(const T* A, const T* Bt, T* C,
-                                                                               int64_t rows) {
-  typedef typename KilnAttnVec<T>::type V;
-  constexpr int64_t NV = N / KilnAttnVec<T>::lanes;
-  constexpr int64_t RB = NV <= 1 ? 8 : (NV <= 2 ? 4 : 2);  // rows at once: about 8 accumulators
-  const V* b = (const V*)Bt;
-  V* c = (V*)C;
-  int64_t i = 0;
-  for (; i + RB <= rows; i += RB) {
-    V acc[RB][NV];
-    #pragma GCC unroll 16
-    for (int64_t r = 0; r < RB; ++r)
-      #pragma GCC unroll 16
-      for (int64_t v = 0; v < NV; ++v) acc[r][v] = V{};
-    for (int64_t k = 0; k < K; ++k)
-      #pragma GCC unroll 16
-      for (int64_t r = 0; r < RB; ++r) {
-        const T a = A[(i + r) * K + k];
-        #pragma GCC unroll 16
-        for (int64_t v = 0; v < NV; ++v) acc[r][v] += a * b[k * NV + v];
-      }
-    #pragma GCC unroll 16
-    for (int64_t r = 0; r < RB; ++r)
-      #pragma GCC unroll 16
-      for (int64_t v = 0; v < NV; ++v) c[(i + r) * NV + v] = acc[r][v];
-  }
-  for (; i < rows; ++i) {
-    V acc[NV];
-    #pragma GCC unroll 16
-    for (int64_t v = 0; v < NV; ++v) acc[v] = V{};
-    for (int64_t k = 0; k < K; ++k)
-      #pragma GCC unroll 16
-      for (int64_t v = 0; v < NV; ++v) acc[v] += A[i * K + k] * b[k * NV + v];
-    #pragma GCC unroll 16
-    for (int64_t v = 0; v < NV; ++v) c[i * NV + v] = acc[v];
-  }
-}
-
-// C[m][:N] += sum_{k < count} A[m * a_row + k * a_col] * B[k][:N] for m < rows: a tile of
-// probabilities (or their transpose, a_row 1) times values, keys or query rows.
-template <typename T, int64_t N>
+// C[m][:N] (+)= sum_{k < count} A[m * a_row + k * a_col] * B[k][:N] for m < rows: a tile of
+// scores (A query rows, B keys transposed; ADD false: C starts from zero), or of probabilities
+// (or their transpose, a_row 1) times values, keys or query rows.
+template <typename T, int64_t N, bool ADD = true>
 __attribute__((optimize("fp-contract=fast"))) static inline void kiln_tile_acc(const T* A, int64_t a_row,
                                                                                int64_t a_col, int64_t count,
                                                                                const T* B, T* C, int64_t rows) {
   typedef typename KilnAttnVec<T>::type V;
   constexpr int64_t NV = N / KilnAttnVec<T>::lanes;
-  constexpr int64_t RB = NV <= 2 ? 4 : (NV <= 4 ? 2 : 1);  // rows at once: about 8 accumulators
+  constexpr int64_t RB = NV <= 1 ? 8 : (NV <= 2 ? 4 : (NV <= 4 ? 2 : 1));  // rows at once: ~8 accumulators
   const V* b = (const V*)B;
   V* c = (V*)C;
   int64_t m = 0;
@@ -105,7 +66,7 @@ __attribute__((optimize("fp-contract=fast"))) static inline void kiln_tile_acc(c
     #pragma GCC unroll 16
     for (int64_t r = 0; r < RB; ++r)
       #pragma GCC unroll 16
-      for (int64_t v = 0; v < NV; ++v) acc[r][v] = c[(m + r) * NV + v];
+      for (int64_t v = 0; v < NV; ++v) acc[r][v] = ADD ? c[(m + r) * NV + v] : V{};
     for (int64_t k = 0; k < count; ++k)
       #pragma GCC unroll 16
       for (int64_t r = 0; r < RB; ++r) {
@@ -118,12 +79,15 @@ __attribute__((optimize("fp-contract=fast"))) static inline void kiln_tile_acc(c
       #pragma GCC unroll 16
       for (int64_t v = 0; v < NV; ++v) c[(m + r) * NV + v] = acc[r][v];
   }
-  for (; m < rows; ++m)
+  for (; m < rows; ++m) {
+    if (!ADD)
+      for (int64_t v = 0; v < NV; ++v) c[m * NV + v] = V{};
     for (int64_t k = 0; k < count; ++k) {
       const T a = A[m * a_row + k * a_col];
       #pragma GCC unroll 16
       for (int64_t v = 0; v < NV; ++v) c[m * NV + v] += a * b[k * NV + v];
     }
+  }
 }
 
 // The row loops in whole vectors (GCC vectorizes the plain loops only in part). The float exp
@@ -236,7 +200,7 @@ static void kiln_attention_forward(Q q, K k, V v, O o, L lse, T scale) {
         for (int64_t d = 0; d < D; ++d) kt[d * BC + j] = j < cols ? k.at(b, h, j0 + j, d) : (T)0;
         for (int64_t d = 0; d < DV; ++d) vb[j * DVP + d] = j < cols ? v.at(b, h, j0 + j, d) : (T)0;
       }
-      kiln_tile_abt<T, DP, BC>(qs, kt, s, rows);
+      kiln_tile_acc<T, BC, false>(qs, DP, 1, DP, kt, s, rows);                  // scores
       for (int64_t i = 0; i < rows; ++i) {
         T* si = s + i * BC;
         const T top = kiln_attn_mask_max<T, BC>(si, kiln_attn_seen<CAUSAL, TQ, TK, BC>(i0 + i, j0, cols));
@@ -315,8 +279,8 @@ static void kiln_attention_backward(Q q, K k, V v, O o, L lse, DO do_, DQ dq, DK
           #pragma omp simd
           for (int64_t d = 0; d < DV; ++d) dob[i * DVP + d] = do_.at(b, h, i0 + i, d);
         }
-        kiln_tile_abt<T, DP, BC>(qs, kt, p, rows);
-        kiln_tile_abt<T, DVP, BC>(dob, vt, dp, rows);
+        kiln_tile_acc<T, BC, false>(qs, DP, 1, DP, kt, p, rows);     // scores
+        kiln_tile_acc<T, BC, false>(dob, DVP, 1, DVP, vt, dp, rows);  // do vᵀ
         for (int64_t i = 0; i < rows; ++i) {
           const T li = lse.at(b, h, i0 + i, 0), di = delta[i0 + i];
           T* pi = p + i * BC;

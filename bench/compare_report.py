@@ -228,7 +228,7 @@ def write(out, results, info, settings):
     body = ["", "## Speed", ""] + speed_table(table) + \
         ["", "## Memory", ""] + memory_table(table) + \
         ["", "† kiln's float32 figure as train_mnist prints it in its bf16 run (float32 next to bf16); its float32 "
-         "run prints none. — : the program prints no such figure (train_gpt: no saved bytes; fusion: no backward).",
+         "run prints none. — : the program prints no such figure (fusion: no backward).",
          "", "## Quality", ""] + quality_table(table) + \
         ["", "## Plots", ""] + [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots] + \
         ["", "PyTorch's configuration:", "", "```"] + torch_lines + ["```", ""]

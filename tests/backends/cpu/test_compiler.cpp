@@ -74,6 +74,18 @@ void replace_file(const fs::path& path, const std::string& bytes) {
   fs::rename(temporary, path);
 }
 
+// A source the compiler rejects, and the message of the Error a compile throws (empty: none).
+const std::string kBrokenSource = R"(extern "C" int broken_kernel(int x) { return x + ; })";
+template <class Compile>
+std::string compile_error(Compile&& compile) {
+  try {
+    compile();
+  } catch (const kiln::Error& error) {
+    return error.what();
+  }
+  return "";
+}
+
 }  // namespace
 
 TEST_CASE("jit compiles a function that can be called", "[jit]") {
@@ -164,13 +176,7 @@ TEST_CASE("jit rebuilds a damaged cache file", "[jit]") {
 
 TEST_CASE("jit reports the compiler's output on a syntax error", "[jit]") {
   FreshJit jit;
-  const std::string broken = R"(extern "C" int broken_kernel(int x) { return x + ; })";
-  std::string message;
-  try {
-    compile_cached(broken, 1);
-  } catch (const kiln::Error& error) {
-    message = error.what();
-  }
+  const std::string message = compile_error([] { compile_cached(kBrokenSource, 1); });
   REQUIRE_FALSE(message.empty());
   CHECK(message.find("error") != std::string::npos);
   CHECK(message.find("broken_kernel") != std::string::npos);  // the compiler quotes the bad line
@@ -178,7 +184,7 @@ TEST_CASE("jit reports the compiler's output on a syntax error", "[jit]") {
   CHECK(message.find(".cc") != std::string::npos);
   CHECK(stats().modules_compiled == 0);
 
-  CHECK_THROWS_AS(compile_cached(broken, 1), kiln::Error);  // a failure is not cached
+  CHECK_THROWS_AS(compile_cached(kBrokenSource, 1), kiln::Error);  // a failure is not cached
   for (const std::string& name : file_names(jit.cache_dir)) CHECK(name.find(".so") == std::string::npos);
 }
 
@@ -253,13 +259,8 @@ TEST_CASE("jit compiles a module's units at once and caches every part", "[jit]"
 
 TEST_CASE("jit reports the unit the compiler failed on and keeps no part", "[jit]") {
   FreshJit jit;
-  const std::string broken = R"(extern "C" int broken_kernel(int x) { return x + ; })";
-  std::string message;
-  try {
-    compile_cached(std::vector<std::string>{kAdd1Source, broken}, 2, 2);
-  } catch (const kiln::Error& error) {
-    message = error.what();
-  }
+  const std::string message =
+      compile_error([] { compile_cached(std::vector<std::string>{kAdd1Source, kBrokenSource}, 2, 2); });
   CHECK(message.find("broken_kernel") != std::string::npos);
   CHECK(message.find("-1.cc") != std::string::npos);  // the second unit's saved source
   CHECK(stats().modules_compiled == 0);

@@ -409,6 +409,20 @@ TEST_CASE("gather, scatter_add, index_select and one_hot", "[forward][index]") {
   Tensor s0 = kiln::scatter_add({3, 2}, 0, i64({2, 2}, {1, 2}), f32({7, 8}, {1, 2}));
   check_close(s0, {0, 0, 0, 0, 7, 8});
 
+  // Along a leading axis with many columns (an embedding's gradient: 16 columns at a time per
+  // row): the same sums, added in row order, as a loop.
+  const int64_t rows = 70, cols = 50, table = 9;
+  std::vector<int64_t> at(rows * cols);
+  std::vector<float> src(rows * cols), want(table * cols, 0.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      at[r * cols + c] = (r * 7 + c / 3) % table;
+      src[r * cols + c] = static_cast<float>((r * 31 + c * 17) % 23) / 7.0f - 1.5f;
+      want[at[r * cols + c] * cols + c] += src[r * cols + c];
+    }
+  Tensor wide = kiln::scatter_add({table, cols}, 0, i64(at, {rows, cols}), kiln::from_vector<float>(src, {rows, cols}));
+  if (wide.device().is_cpu()) CHECK(wide.to_vector<float>() == want);  // a GPU's atomics add in any order
+  check_close(wide, std::vector<double>(want.begin(), want.end()));
   check_close(kiln::index_select(a, 0, i64({2, 0, 2}, {3})), {30, 31, 32, 33, 10, 11, 12, 13, 30, 31, 32, 33});
   check_close(kiln::index_select(a, 1, i64({3, 1}, {2})), {13, 11, 23, 21, 33, 31});
   Tensor emb = kiln::index_select(f32({0, 1, 10, 11, 20, 21}, {3, 2}), 0, i32({1, 1, 2}, {3}));

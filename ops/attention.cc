@@ -32,11 +32,13 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
              "attention", "needs q (B, H, Tq, D), k (B, H, Tk, D) and v (B, H, Tk, Dv); got {}, {} and {}", q.str(),
              k.str(), v.str());
   KILN_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() &&
-                 (q.dtype() == DType::Float32 || q.dtype() == DType::Float64),
-             "attention", "fused attention computes in float32 or float64; got {}, {} and {} (cast them first)",
-             q.str(), k.str(), v.str());
+                 (q.dtype() == DType::Float32 || q.dtype() == DType::Float64 || q.dtype() == DType::BFloat16),
+             "attention", "fused attention reads float32, float64 or bfloat16 (all three alike); got {}, {} and {} "
+             "(cast them first)", q.str(), k.str(), v.str());
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Dv = v.size(3);
-  return make(Op::Attention, q.dtype(), {B * Tq * H * Dv + B * H * Tq}, {q, k, v}, attention_ints(causal, scale));
+  // bfloat16 operands are computed in float32, and the output and its statistics stay float32.
+  const DType t = q.dtype() == DType::Float64 ? DType::Float64 : DType::Float32;
+  return make(Op::Attention, t, {B * Tq * H * Dv + B * H * Tq}, {q, k, v}, attention_ints(causal, scale));
 }
 
 Tensor attention_output(const Tensor& packed, const Shape& q_shape, int64_t dv) {
@@ -64,7 +66,12 @@ namespace kiln {
 Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
   KILN_CHECK(is_floating(q.dtype()) && is_floating(k.dtype()) && is_floating(v.dtype()), "fused_attention",
              "needs floating q, k and v; got {}, {} and {}", q.str(), k.str(), v.str());
-  const DType t = q.dtype() == DType::Float64 && k.dtype() == DType::Float64 && v.dtype() == DType::Float64
+  // Read as they are when all three are float64, float32 or bfloat16 (autocast's projections);
+  // other mixes are cast to float32 (or float64) first.
+  const bool alike = q.dtype() == k.dtype() && q.dtype() == v.dtype() &&
+                     (q.dtype() == DType::Float32 || q.dtype() == DType::Float64 || q.dtype() == DType::BFloat16);
+  const DType t = alike ? q.dtype()
+                  : q.dtype() == DType::Float64 && k.dtype() == DType::Float64 && v.dtype() == DType::Float64
                       ? DType::Float64
                       : DType::Float32;
   const Tensor packed = prim::attention(q.cast(t), k.cast(t), v.cast(t), causal, scale);

@@ -226,12 +226,15 @@ Grads attention_grad(const NodePtr& n, const Tensor& g) {
   const prim::AttentionShape s = prim::attention_shape(*n);
   const Tensor dout = prim::attention_output(g, n->inputs[0]->shape, s.Dv);
   const Tensor grads = prim::attention_backward(out(n), dout);
-  auto region = [&](int64_t start, int64_t T, int64_t d) {
+  // Each gradient in its input's type (bfloat16 q, k, v get bfloat16 gradients).
+  auto region = [&](size_t input, int64_t start, int64_t T, int64_t d) {
     const Tensor flat = prim::slice(grads, {start}, {1}, {s.B * T * s.H * d});
-    return prim::permute(prim::reshape(flat, {s.B, T, s.H, d}), {0, 2, 1, 3});
+    const Tensor g = prim::permute(prim::reshape(flat, {s.B, T, s.H, d}), {0, 2, 1, 3});
+    const DType t = n->inputs[input]->dtype;
+    return g.dtype() == t ? g : prim::cast(g, t);
   };
-  return {region(0, s.Tq, s.D), region(s.dq_elements(), s.Tk, s.D),
-          region(s.dq_elements() + s.dk_elements(), s.Tk, s.Dv)};
+  return {region(0, 0, s.Tq, s.D), region(1, s.dq_elements(), s.Tk, s.D),
+          region(2, s.dq_elements() + s.dk_elements(), s.Tk, s.Dv)};
 }
 Grads attention_backward_grad(const NodePtr&, const Tensor&) {
   KILN_FAIL("attention", "the fused attention's backward has no gradient of its own (no double backward)");

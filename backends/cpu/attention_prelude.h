@@ -15,6 +15,13 @@ inline constexpr const char* kAttentionPrelude = R"KILN(
 #include <stdlib.h>
 #include <string.h>
 
+// q, k and v may be bfloat16 (autocast's matmul outputs): read as float, computed in float.
+struct KilnBf16 {
+  uint16_t bits;
+};
+static inline float kiln_attn_value(KilnBf16 x) { return kiln_bf2f(x.bits); }
+static inline float kiln_attn_value(float x) { return x; }
+static inline double kiln_attn_value(double x) { return x; }
 static inline float kiln_attn_exp(float x) { return kiln_expf(x); }
 static inline double kiln_attn_exp(double x) { return __builtin_exp(x); }
 static inline float kiln_attn_log(float x) { return kiln_logf(x); }
@@ -190,15 +197,15 @@ static void kiln_attention_forward(Q q, K k, V v, O o, L lse, T scale) {
     for (int64_t i = 0; i < BR; ++i) m[i] = -__builtin_inf(), l[i] = 0;
     for (int64_t i = 0; i < rows; ++i) {
       #pragma omp simd
-      for (int64_t d = 0; d < D; ++d) qs[i * DP + d] = scale * q.at(b, h, i0 + i, d);
+      for (int64_t d = 0; d < D; ++d) qs[i * DP + d] = scale * kiln_attn_value(q.at(b, h, i0 + i, d));
     }
     // Keys past the last row's horizon are in every row's future.
     const int64_t key_end = CAUSAL ? (i0 + rows + TK - TQ < TK ? i0 + rows + TK - TQ : TK) : TK;
     for (int64_t j0 = 0; j0 < key_end; j0 += BC) {
       const int64_t cols = key_end - j0 < BC ? key_end - j0 : BC;
       for (int64_t j = 0; j < BC; ++j) {
-        for (int64_t d = 0; d < D; ++d) kt[d * BC + j] = j < cols ? k.at(b, h, j0 + j, d) : (T)0;
-        for (int64_t d = 0; d < DV; ++d) vb[j * DVP + d] = j < cols ? v.at(b, h, j0 + j, d) : (T)0;
+        for (int64_t d = 0; d < D; ++d) kt[d * BC + j] = j < cols ? kiln_attn_value(k.at(b, h, j0 + j, d)) : (T)0;
+        for (int64_t d = 0; d < DV; ++d) vb[j * DVP + d] = j < cols ? kiln_attn_value(v.at(b, h, j0 + j, d)) : (T)0;
       }
       kiln_tile_acc<T, BC, false>(qs, DP, 1, DP, kt, s, rows);                  // scores
       for (int64_t i = 0; i < rows; ++i) {
@@ -264,9 +271,9 @@ static void kiln_attention_backward(Q q, K k, V v, O o, L lse, DO do_, DQ dq, DK
       const int64_t cols = TK - j0 < BC ? TK - j0 : BC;
       for (int64_t j = 0; j < BC; ++j) {
         #pragma omp simd
-        for (int64_t d = 0; d < D; ++d) kb[j * DP + d] = j < cols ? k.at(b, h, j0 + j, d) : (T)0;
+        for (int64_t d = 0; d < D; ++d) kb[j * DP + d] = j < cols ? kiln_attn_value(k.at(b, h, j0 + j, d)) : (T)0;
         for (int64_t d = 0; d < D; ++d) kt[d * BC + j] = kb[j * DP + d];
-        for (int64_t d = 0; d < DV; ++d) vt[d * BC + j] = j < cols ? v.at(b, h, j0 + j, d) : (T)0;
+        for (int64_t d = 0; d < DV; ++d) vt[d * BC + j] = j < cols ? kiln_attn_value(v.at(b, h, j0 + j, d)) : (T)0;
       }
       memset(dka, 0, sizeof(T) * (BC * DP + BC * DVP));  // dka and dva
       // Query rows before the first one that sees key j0 contribute nothing.
@@ -275,7 +282,7 @@ static void kiln_attention_backward(Q q, K k, V v, O o, L lse, DO do_, DQ dq, DK
         const int64_t rows = TQ - i0 < BR ? TQ - i0 : BR;
         for (int64_t i = 0; i < rows; ++i) {
           #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) qs[i * DP + d] = scale * q.at(b, h, i0 + i, d);
+          for (int64_t d = 0; d < D; ++d) qs[i * DP + d] = scale * kiln_attn_value(q.at(b, h, i0 + i, d));
           #pragma omp simd
           for (int64_t d = 0; d < DV; ++d) dob[i * DVP + d] = do_.at(b, h, i0 + i, d);
         }

@@ -97,9 +97,12 @@ void CppKernelRenderer::render_column_reduce(std::string& out, const char* acc_t
   out += "    }\n  }\n";
 }
 
+// bfloat16 operands (q, k, v under autocast) are read through the prelude's KilnBf16.
 std::string CppKernelRenderer::attention_view(const AttentionOperand& op) const {
-  return fmt::format("KilnAttnView<{}, {}LL, {}LL, {}LL, {}LL>{{{} + {}LL}}", compute_type(k_.buffers[0].dtype),
-                     op.strides[0], op.strides[1], op.strides[2], op.strides[3], buf(op.buffer), op.offset);
+  const bool bf16 = k_.buffers[static_cast<size_t>(op.buffer)].dtype == DType::BFloat16;
+  const char* element = bf16 ? "KilnBf16" : compute_type(k_.buffers[static_cast<size_t>(op.buffer)].dtype);
+  return fmt::format("KilnAttnView<{0}, {1}LL, {2}LL, {3}LL, {4}LL>{{({0}*){5} + {6}LL}}", element, op.strides[0],
+                     op.strides[1], op.strides[2], op.strides[3], buf(op.buffer), op.offset);
 }
 
 // A call of the prelude's template (backends/cpu/attention_prelude.h) with every size constant.

@@ -12,6 +12,10 @@
 namespace kiln::cuda {
 
 inline constexpr const char* kCudaAttention = R"KILN(
+// q, k and v may be bfloat16 (autocast's matmul outputs): read as float, computed in float.
+static __device__ __forceinline__ float kiln_attn_value(kiln_bf16 x) { return kiln_bf2f(x); }
+static __device__ __forceinline__ float kiln_attn_value(float x) { return x; }
+static __device__ __forceinline__ double kiln_attn_value(double x) { return x; }
 static __device__ __forceinline__ float kiln_attn_exp(float x) { return expf(x); }
 static __device__ __forceinline__ double kiln_attn_exp(double x) { return exp(x); }
 static __device__ __forceinline__ float kiln_attn_log(float x) { return logf(x); }
@@ -41,17 +45,17 @@ static __device__ void kiln_attention_forward(Q q, K k, V v, O o, L lse, T scale
        t += (long long)gridDim.x * blockDim.x) {
     const long long i = t % TQ, h = t / TQ % H, b = t / (TQ * H);
     T qs[D], acc[DV];
-    for (long long d = 0; d < D; ++d) qs[d] = scale * q.at(b, h, i, d);
+    for (long long d = 0; d < D; ++d) qs[d] = scale * kiln_attn_value(q.at(b, h, i, d));
     for (long long d = 0; d < DV; ++d) acc[d] = 0;
     T m = -(T)KILN_INF, l = 0;
     const long long keys = kiln_attn_keys<CAUSAL, TQ, TK>(i);
     for (long long j = 0; j < keys; ++j) {
       T s = 0;
-      for (long long d = 0; d < D; ++d) s += qs[d] * k.at(b, h, j, d);
+      for (long long d = 0; d < D; ++d) s += qs[d] * kiln_attn_value(k.at(b, h, j, d));
       const T m_new = s > m ? s : m;
       const T alpha = kiln_attn_exp(m - m_new), p = kiln_attn_exp(s - m_new);
       l = l * alpha + p;
-      for (long long d = 0; d < DV; ++d) acc[d] = acc[d] * alpha + p * v.at(b, h, j, d);
+      for (long long d = 0; d < DV; ++d) acc[d] = acc[d] * alpha + p * kiln_attn_value(v.at(b, h, j, d));
       m = m_new;
     }
     const T inv = (T)1 / l;  // no visible key: 0 / 0, as the composite's softmax
@@ -74,15 +78,15 @@ static __device__ void kiln_attention_backward_q(Q q, K k, V v, O o, L lse, DO d
       di += dob[d] * o.at(b, h, i, d);
     }
     delta[t] = di;
-    for (long long d = 0; d < D; ++d) qs[d] = scale * q.at(b, h, i, d), dqa[d] = 0;
+    for (long long d = 0; d < D; ++d) qs[d] = scale * kiln_attn_value(q.at(b, h, i, d)), dqa[d] = 0;
     const T li = lse.at(b, h, i, 0);
     const long long keys = li == -(T)KILN_INF ? 0 : kiln_attn_keys<CAUSAL, TQ, TK>(i);
     for (long long j = 0; j < keys; ++j) {
       T s = 0, dp = 0;
-      for (long long d = 0; d < D; ++d) s += qs[d] * k.at(b, h, j, d);
-      for (long long d = 0; d < DV; ++d) dp += dob[d] * v.at(b, h, j, d);
+      for (long long d = 0; d < D; ++d) s += qs[d] * kiln_attn_value(k.at(b, h, j, d));
+      for (long long d = 0; d < DV; ++d) dp += dob[d] * kiln_attn_value(v.at(b, h, j, d));
       const T ds = kiln_attn_exp(s - li) * (dp - di);
-      for (long long d = 0; d < D; ++d) dqa[d] += ds * k.at(b, h, j, d);
+      for (long long d = 0; d < D; ++d) dqa[d] += ds * kiln_attn_value(k.at(b, h, j, d));
     }
     for (long long d = 0; d < D; ++d) dq.at(b, h, i, d) = scale * dqa[d];
   }
@@ -97,18 +101,18 @@ static __device__ void kiln_attention_backward_kv(Q q, K k, V v, L lse, DO do_, 
        t += (long long)gridDim.x * blockDim.x) {
     const long long j = t % TK, h = t / TK % H, b = t / (TK * H);
     T kr[D], vr[DV], dka[D], dva[DV];
-    for (long long d = 0; d < D; ++d) kr[d] = k.at(b, h, j, d), dka[d] = 0;
-    for (long long d = 0; d < DV; ++d) vr[d] = v.at(b, h, j, d), dva[d] = 0;
+    for (long long d = 0; d < D; ++d) kr[d] = kiln_attn_value(k.at(b, h, j, d)), dka[d] = 0;
+    for (long long d = 0; d < DV; ++d) vr[d] = kiln_attn_value(v.at(b, h, j, d)), dva[d] = 0;
     const long long first = CAUSAL ? (j - (TK - TQ) > 0 ? j - (TK - TQ) : 0) : 0;
     for (long long i = first; i < TQ; ++i) {
       const T li = lse.at(b, h, i, 0);
       if (li == -(T)KILN_INF) continue;
       T s = 0, dp = 0;
-      for (long long d = 0; d < D; ++d) s += scale * q.at(b, h, i, d) * kr[d];
+      for (long long d = 0; d < D; ++d) s += scale * kiln_attn_value(q.at(b, h, i, d)) * kr[d];
       for (long long d = 0; d < DV; ++d) dp += do_.at(b, h, i, d) * vr[d];
       const T p = kiln_attn_exp(s - li), ds = p * (dp - delta[(b * H + h) * TQ + i]);
       for (long long d = 0; d < DV; ++d) dva[d] += p * do_.at(b, h, i, d);
-      for (long long d = 0; d < D; ++d) dka[d] += ds * scale * q.at(b, h, i, d);
+      for (long long d = 0; d < D; ++d) dka[d] += ds * scale * kiln_attn_value(q.at(b, h, i, d));
     }
     for (long long d = 0; d < D; ++d) dk.at(b, h, j, d) = dka[d];
     for (long long d = 0; d < DV; ++d) dv.at(b, h, j, d) = dva[d];

@@ -452,9 +452,12 @@ void CudaKernelRenderer::attention(std::string& out, std::vector<CudaLaunch>& la
   const AttentionCall& a = k_.attention;
   const char* t = compute_type(k_.buffers[0].dtype);
   auto view = [&](const AttentionOperand& op) {
-    const bool written = k_.buffers[static_cast<size_t>(op.buffer)].written;  // inputs are const pointers
-    return fmt::format("KilnAttnView<{}{}, {}LL, {}LL, {}LL, {}LL>{{{} + {}LL}}", written ? "" : "const ", t,
-                       op.strides[0], op.strides[1], op.strides[2], op.strides[3], values_.buf(op.buffer), op.offset);
+    const KernelBuffer& buffer = k_.buffers[static_cast<size_t>(op.buffer)];
+    // Inputs are const pointers; bfloat16 ones (q, k, v under autocast) keep their storage type.
+    const char* element = buffer.dtype == DType::BFloat16 ? storage_type(buffer.dtype) : t;
+    return fmt::format("KilnAttnView<{}{}, {}LL, {}LL, {}LL, {}LL>{{{} + {}LL}}", buffer.written ? "" : "const ",
+                       element, op.strides[0], op.strides[1], op.strides[2], op.strides[3], values_.buf(op.buffer),
+                       op.offset);
   };
   const std::string sizes = fmt::format("{}, {}LL, {}LL, {}LL, {}LL, {}LL, {}LL, {}", t, a.B, a.H, a.Tq, a.Tk, a.D,
                                         a.Dv, a.causal ? "true" : "false");

@@ -145,3 +145,41 @@ TEST_CASE("fused attention on a CUDA device equals the host's", "[attention][dev
     for (size_t i = 0; i < host.size(); ++i) check_close(device[i], host[i], "cuda vs host");
   }
 }
+
+TEST_CASE("fused attention reads bfloat16 q, k, v as they are, computing in float32", "[attention][autocast]") {
+  auto run = [](DType t) {
+    auto make = [&](Shape shape, uint64_t seed) {
+      // Values that bfloat16 holds exactly, so both runs see the same numbers.
+      Tensor x = uniform(shape, -2, 2, seed).cast(DType::BFloat16).cast(t).detach();
+      x.requires_grad_(true);
+      return x;
+    };
+    Tensor q = make({2, 2, 9, 8}, 1), k = make({2, 2, 12, 8}, 2), v = make({2, 2, 12, 8}, 3);
+    Tensor out = fused_attention(q, k, v, true, 0.35);
+    CHECK(out.dtype() == DType::Float32);
+    (out * uniform({2, 2, 9, 8}, -1, 1, 4).cast(DType::Float32)).sum().backward();
+    CHECK(q.grad().dtype() == t);
+    return std::vector<std::vector<float>>{out.to_vector<float>(), q.grad().cast(DType::Float32).to_vector<float>(),
+                                           k.grad().cast(DType::Float32).to_vector<float>(),
+                                           v.grad().cast(DType::Float32).to_vector<float>()};
+  };
+  const auto low = run(DType::BFloat16), wide = run(DType::Float32);
+  CHECK(low[0] == wide[0]);  // the same float32 arithmetic on the same values
+  for (size_t i = 1; i < low.size(); ++i) {  // gradients: the float32 ones rounded to bfloat16
+    REQUIRE(low[i].size() == wide[i].size());
+    for (size_t j = 0; j < low[i].size(); ++j) CHECK(low[i][j] == Approx(wide[i][j]).epsilon(1.0 / 128).margin(1e-6));
+  }
+
+  // Under autocast the projections are bfloat16 and the backward keeps them, not float32 copies.
+  auto saved = [](bool autocast) {
+    FlagsGuard guard;
+    flags().lazy = true;
+    AutocastGuard amp(autocast ? DType::BFloat16 : DType::Float32);
+    nn::MultiheadAttention attn(nn::MultiheadAttentionOptions(64, 4).causal(true));
+    Tensor x = uniform({2, 128, 64}, -1, 1, 9).cast(DType::Float32);
+    return jit::saved_for_backward(attn.forward(x).cast(DType::Float32).sum(), attn.parameters()).activations;
+  };
+  const int64_t amp = saved(true), full = saved(false);
+  INFO("saved: bfloat16 autocast " << amp << " bytes, float32 " << full);
+  CHECK(amp * 4 <= full * 3);  // float32 copies of q, k, v would make it 1.25x
+}

@@ -157,8 +157,9 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, st
 // softmax(scale q kᵀ [causal]) v in one kernel (flash attention: tiles of keys, online softmax;
 // the backward recomputes the scores), so no (Tq, Tk) matrix is kept for the backward: q
 // (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) -> (B, H, Tq, Dv), views of any strides.
-// float32 and float64 (other float types compute in float32). `causal`: query i sees keys
-// j <= i + (Tk - Tq). nn::scaled_dot_product_attention calls it where it applies.
+// float32, float64 or bfloat16 (read as is, computed in float32; the output is float32), other
+// mixes are cast to float32 first. `causal`: query i sees keys j <= i + (Tk - Tq).
+// nn::scaled_dot_product_attention calls it where it applies.
 Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale);
 
 // ---- composites (built from the primitives above; gradients come for free) ----

@@ -360,6 +360,21 @@ void training_graphs(CudaCompileCheck& check) {
     outputs.push_back(loss);
     return outputs;
   });
+  // Fused attention, forward and backward: float32 over strided views of one projection (causal,
+  // several tiles), float64, and bfloat16 operands.
+  for (DType t : {DType::Float32, DType::Float64, DType::BFloat16})
+    for (bool causal : {false, true})
+      check.add(fmt::format("fused attention {} {}", dtype_name(t), causal ? "causal" : "full"), [t, causal] {
+        Tensor w = (randn({32, 96}) * 0.1).realize().cast(t).realize().requires_grad_();
+        Tensor x = input({2, 70, 32}, t);
+        std::vector<Tensor> qkv = chunk(matmul(x, w), 3, 2);
+        auto heads = [](const Tensor& p) { return permute(reshape(p, {2, 70, 4, 8}), {0, 2, 1, 3}); };
+        Tensor y = fused_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), causal, 0.35);
+        Tensor loss = sum(y * y);
+        std::vector<Tensor> outputs = grad(loss, {w});
+        outputs.push_back(loss);
+        return outputs;
+      });
 }
 
 }  // namespace

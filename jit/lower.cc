@@ -400,10 +400,6 @@ bool strided_operand(Lowerer& s, Kernel& k, const Node* in, int& buffer_out, int
   return true;
 }
 
-bool matmul_operand(Lowerer& s, Kernel& k, const Node* in, int& buffer_out, int64_t strides[3], int64_t& offset) {
-  return strided_operand(s, k, in, buffer_out, strides, offset);
-}
-
 // The buffer under a convolution operand: decide_materialization gave it one, maybe under reshapes.
 int contiguous_operand(Lowerer& s, Kernel& k, const Node* in) {
   const Node* node = in;
@@ -574,8 +570,8 @@ bool Lowerer::build_kernels() {
         k.kind = KernelKind::Matmul;
         KernelBuilder(*this, k).buffer(slot, node->dtype, true);
         MatmulCall& mm = k.matmul;
-        if (!matmul_operand(*this, k, node->inputs[0].get(), mm.a_buffer, mm.a_strides, mm.a_offset) ||
-            !matmul_operand(*this, k, node->inputs[1].get(), mm.b_buffer, mm.b_strides, mm.b_offset))
+        if (!strided_operand(*this, k, node->inputs[0].get(), mm.a_buffer, mm.a_strides, mm.a_offset) ||
+            !strided_operand(*this, k, node->inputs[1].get(), mm.b_buffer, mm.b_strides, mm.b_offset))
           return false;
         mm.batch = node->shape[0];
         mm.M = node->shape[1];

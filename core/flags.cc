@@ -74,6 +74,8 @@ void validate(const Flags& f) {
     bad_value("quantize_bits", std::to_string(f.quantize_bits), "8 or 4");
   if (!f.compress_activations.empty() && f.compress_activations != "int8")
     bad_value("compress_activations", f.compress_activations, "int8 (or unset)");
+  if (f.recompute != "cheap" && f.recompute != "elementwise" && f.recompute != "off")
+    bad_value("recompute", f.recompute, "cheap, elementwise or off");
   if (!f.memory_limit.empty()) parse_size(f.memory_limit, "memory_limit");
   // Positive and finite; buckets under a byte would mean one all-reduce per element.
   if (!(f.bucket_mb * 1048576.0 >= 1.0) || !std::isfinite(f.bucket_mb))

@@ -250,6 +250,36 @@ void fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& graph)
   graph = collect_pending(targets);
 }
 
+// KILN_RECOMPUTE's choices by graph key (made for the mode that is named).
+struct CheapChoice {
+  std::string mode;
+  std::vector<int> dropped;
+};
+std::unordered_map<std::string, CheapChoice> g_cheap_choices;
+
+// KILN_RECOMPUTE (cheap, elementwise): rewires `graph` so that the backward recomputes the saved
+// activations elementwise work gives back from what it keeps anyway (memory/recompute.h), and
+// collects it again. The choice is made once per graph key.
+void recompute_cheap_activations(const std::vector<NodePtr>& targets, PendingGraph& graph) {
+  const std::string& mode = flags().recompute;
+  // Under KILN_MEMORY_BUDGET its pass chooses every recomputed value, its fraction still of the
+  // plan without any.
+  if (mode == "off" || !flags().memory_budget.empty()) return;
+  auto it = g_cheap_choices.find(graph.key);
+  if (it == g_cheap_choices.end() || it->second.mode != mode) {
+    CheapChoice choice{mode, memory::choose_cheap_recompute(graph.nodes, mode == "elementwise")};
+    if (flags().log >= 1 && !choice.dropped.empty())
+      fmt::print(stderr, "[kiln] recomputing {} activations for the backward (KILN_RECOMPUTE={})\n",
+                 choice.dropped.size(), mode);
+    it = g_cheap_choices.insert_or_assign(graph.key, std::move(choice)).first;
+  }
+  std::vector<int> dropped = it->second.dropped;
+  if (!flags().plan_cache) g_cheap_choices.erase(it);
+  if (dropped.empty()) return;
+  memory::apply_recompute(graph.nodes, dropped);
+  graph = collect_pending(targets);
+}
+
 void run_plan(const Plan& plan, const PendingGraph& graph) {
   const Program& s = plan.program;
   const Backend& backend = *plan.backend;
@@ -363,6 +393,7 @@ void realize(const std::vector<NodePtr>& targets) {
   for (const NodePtr& n : graph.nodes)
     KILN_CHECK(n->device == device, op_name(n->op), "{} on {} depends on pending work on {}; move tensors with .to() "
                "before combining them", shape_str(n->shape), n->device.str(), device.str());
+  recompute_cheap_activations(targets, graph);
   if (!flags().memory_budget.empty()) fit_memory_budget(targets, graph);
   // The key encodes every node's device: the same graph on another device is another plan.
   Plan* plan = nullptr;
@@ -399,12 +430,14 @@ void realize(const std::vector<NodePtr>& targets) {
 Program lower_for(const std::vector<NodePtr>& targets) {
   std::lock_guard<std::mutex> lock(g_mutex);
   PendingGraph graph = collect_compressed(targets);
+  recompute_cheap_activations(targets, graph);
   return lower(graph, schedule(graph));
 }
 
 ScheduledGraph schedule_for(const std::vector<NodePtr>& targets) {
   std::lock_guard<std::mutex> lock(g_mutex);
   ScheduledGraph out{collect_compressed(targets), {}};
+  recompute_cheap_activations(targets, out.graph);
   out.schedule = schedule(out.graph);
   return out;
 }
@@ -418,6 +451,7 @@ void clear_plan_cache() {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_plans.clear();
   g_recompute_choices.clear();
+  g_cheap_choices.clear();
 }
 
 size_t plan_cache_size() {

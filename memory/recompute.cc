@@ -230,5 +230,77 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
             format_bytes(best.arena_bytes), best_k > 1 ? fmt::format(" (k = {})", best_k) : "");
 }
 
+namespace {
+
+// Exp, log, erf and the like: tens of operations per element, and a kernel that would only
+// stream memory becomes compute-bound.
+bool is_transcendental(Op op) {
+  switch (op) {
+    case Op::Exp: case Op::Log: case Op::Sin: case Op::Cos: case Op::Tanh: case Op::Erf: case Op::Pow:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+std::vector<int> choose_cheap_recompute(const std::vector<NodePtr>& nodes, bool transcendental) {
+  GraphIndex index(nodes);
+  const std::vector<int> saved = saved_activations(nodes, index);
+  std::vector<char> is_saved(nodes.size(), 0), dropped(nodes.size(), 0);
+  for (int p : saved) is_saved[p] = 1;
+  std::vector<int> chosen;
+  std::vector<char> visited(nodes.size(), 0);
+  std::vector<int> touched;
+  std::vector<std::pair<int, bool>> stack;  // (position, reached through copied values only)
+  for (int s : saved) {
+    const Node& value = *nodes[s];
+    if (!is_elementwise(value.op)) continue;
+    // Walks what recomputing `value` reads, as apply_recompute would copy it: through views and
+    // unkept elementwise values, up to kept ones. Kept elementwise values are walked through too
+    // (not copied, not counted): the scheduler fuses most of them into their readers, so their
+    // work is redone in the copy's kernel all the same.
+    bool cheap = true;
+    int chain = 0;
+    for (int p : touched) visited[p] = 0;
+    touched.clear();
+    stack.assign(1, {s, true});
+    while (cheap && !stack.empty()) {
+      const auto [p, via_copy] = stack.back();
+      stack.pop_back();
+      // 1: walked as kept; 2: walked as copied (which re-walks what was walked as kept).
+      const char mark = via_copy ? 2 : 1;
+      if (visited[p] >= mark) continue;
+      if (!visited[p]) touched.push_back(p);
+      visited[p] = mark;
+      const Node& n = *nodes[p];
+      const bool copied = via_copy && (p == s || dropped[p] || (!is_saved[p] && n.requires_grad && !n.grad_leaf));
+      const bool walk = op_kind(n.op) == OpKind::Movement || (is_elementwise(n.op) && n.requires_grad);
+      // Not walked and copied: a reduction, matmul, gather, ... would be recomputed too. Not
+      // walked and kept: saved anyway (or read through a kept value the backward reads), a
+      // weight, or a value without gradient tracking, which must then be free to hold (a
+      // constant or generator is fused into its reader).
+      if (!walk) {
+        if (copied || (via_copy && !n.requires_grad && !n.grad_leaf && op_kind(n.op) != OpKind::Leaf)) cheap = false;
+        continue;
+      }
+      // (A transcendental op on a few values, e.g. the rsqrt of a layer norm's variances, is
+      // cheap.)
+      if ((copied && op_kind(n.op) != OpKind::Movement && ++chain > kMaxCheapChain) ||
+          (!transcendental && is_transcendental(n.op) && n.numel() * 8 > value.numel())) {
+        cheap = false;
+        break;
+      }
+      for (const NodePtr& in : n.inputs)
+        if (int q = index.of(in.get()); q >= 0) stack.push_back({q, copied || (via_copy && op_kind(n.op) == OpKind::Movement)});
+    }
+    if (!cheap) continue;
+    dropped[s] = 1;
+    chosen.push_back(s);
+  }
+  return chosen;
+}
+
 }  // namespace memory
 }  // namespace kiln

@@ -57,20 +57,24 @@ struct RecomputeChoice {
 // The pending graph by position, and the buffer each node's value lives in: its own, or for a
 // view (reshape, permute, ...) the one under it; -1 for generators and realized values.
 struct GraphIndex {
-  std::unordered_map<const Node*, int> position;
+  const std::vector<NodePtr>& nodes;
   std::vector<int> base;
 
-  explicit GraphIndex(const std::vector<NodePtr>& nodes) : base(nodes.size(), -1) {
+  // Numbers the nodes by position in their visit_index (as collect_pending leaves them; a walk
+  // of a rewritten graph in between may have renumbered them).
+  explicit GraphIndex(const std::vector<NodePtr>& graph) : nodes(graph), base(graph.size(), -1) {
+    for (size_t i = 0; i < nodes.size(); ++i) nodes[i]->visit_index = static_cast<int64_t>(i);
     for (size_t i = 0; i < nodes.size(); ++i) {
       const Node& n = *nodes[i];
-      position[&n] = static_cast<int>(i);
       if (op_kind(n.op) == OpKind::Movement) base[i] = of(n.inputs[0].get()) >= 0 ? base[of(n.inputs[0].get())] : -1;
       else if (op_kind(n.op) != OpKind::Leaf) base[i] = static_cast<int>(i);
     }
   }
+  // A node's position, or -1 when it is not in the graph (a realized value: its visit_index
+  // counts externals).
   int of(const Node* n) const {
-    auto it = position.find(n);
-    return it == position.end() ? -1 : it->second;
+    const int64_t p = n->visit_index;
+    return p >= 0 && p < static_cast<int64_t>(nodes.size()) && nodes[p].get() == n ? static_cast<int>(p) : -1;
   }
 };
 
@@ -100,6 +104,18 @@ RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::v
 RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budget, int64_t unconstrained_arena,
                                  const std::string& budget_text,
                                  const std::function<int64_t()>& arena_of_current_graph);
+
+// ---- recomputing what is cheap (KILN_RECOMPUTE) ----
+
+// Saved activations the backward can recompute from what it keeps anyway by elementwise work
+// alone: a layer norm's output from its input and statistics; with `transcendental`, also values
+// made with exp, erf, tanh, ... (a GELU's output from its pre-activation). A saved value is chosen
+// when everything its recomputation reads (through elementwise ops and views) is kept for the
+// backward already, or is a weight, an input or a constant — so the saved bytes only fall — and
+// the work is bounded (kMaxCheapChain ops). Returns positions in `nodes` (inputs before
+// consumers) for apply_recompute; the recomputed values are bit-identical to the originals.
+inline constexpr int kMaxCheapChain = 16;
+std::vector<int> choose_cheap_recompute(const std::vector<NodePtr>& nodes, bool transcendental);
 
 }  // namespace memory
 }  // namespace kiln

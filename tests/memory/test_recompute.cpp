@@ -314,3 +314,75 @@ TEST_CASE("recompute: budget sizes and fractions", "[recompute]") {
   CHECK(memory::budget_bytes("4096", 1000) == 4096);
   CHECK_THROWS_AS(memory::budget_bytes("lots", 1000), Error);
 }
+
+namespace {
+// A pre-norm transformer MLP block (layer norm, linear, GELU, linear, residual) and its loss:
+// the gradients of its input and parameters, and what the step keeps for its backward.
+struct MlpBlockStep {
+  std::vector<std::vector<float>> grads;
+  int64_t saved = 0;
+};
+MlpBlockStep mlp_block_step(const std::string& recompute) {
+  FlagsGuard guard;
+  flags().recompute = recompute;
+  manual_seed(11);
+  Tensor x = randn({4, 6, 16}).realize().requires_grad_();  // (as the previous block's output)
+  Tensor g = (randn({16}) * 0.1 + 1.0).realize().requires_grad_();
+  Tensor w1 = (randn({16, 64}) * 0.2).realize().requires_grad_();
+  Tensor b1 = (randn({64}) * 0.1).realize().requires_grad_();
+  Tensor w2 = (randn({64, 16}) * 0.2).realize().requires_grad_();
+  auto loss_of = [&] {
+    Tensor h = layer_norm(x, {16}, g);
+    Tensor y = x + matmul(gelu(matmul(h, w1) + b1), w2);
+    return (y * y).mean();
+  };
+  MlpBlockStep out;
+  out.saved = jit::saved_for_backward(loss_of(), {x, g, w1, b1, w2}).activations;
+  std::vector<Tensor> grads = grad(loss_of(), {x, g, w1, b1, w2});
+  sync(grads);
+  for (const Tensor& t : grads) out.grads.push_back(t.to_vector<float>());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("cheap recomputation: layer norm and GELU outputs are recomputed, gradients bit-identical",
+          "[recompute][planner]") {
+  MlpBlockStep off = mlp_block_step("off"), cheap = mlp_block_step("cheap"),
+               elementwise = mlp_block_step("elementwise");
+  // cheap: the layer norm's output (4 x 6 x 16 floats) comes back from its input and statistics;
+  // elementwise: the GELU's output (4 x 6 x 64) from its pre-activation too.
+  CHECK(cheap.saved <= off.saved - 4 * 6 * 16 * 4);
+  CHECK(elementwise.saved <= cheap.saved - 4 * 6 * 64 * 4);
+  for (size_t i = 0; i < off.grads.size(); ++i) {
+    CHECK(same_bits(off.grads[i], cheap.grads[i]));
+    CHECK(same_bits(off.grads[i], elementwise.grads[i]));
+  }
+  // The recomputed values are read after the originals' buffers died and were reused.
+  FlagsGuard guard;
+  flags().debug_memory = true;
+  MlpBlockStep poisoned = mlp_block_step("elementwise");
+  for (size_t i = 0; i < off.grads.size(); ++i) CHECK(same_bits(off.grads[i], poisoned.grads[i]));
+}
+
+TEST_CASE("cheap recomputation never trades a saved value for larger ones", "[recompute][planner]") {
+  // The square's backward reads a + b; recomputing it would keep both products instead.
+  Tensor x = randn({32, 32}).realize();
+  Tensor w1 = randn({32, 32}).realize().requires_grad_();
+  Tensor w2 = randn({32, 32}).realize().requires_grad_();
+  auto saved = [&](const std::string& mode) {
+    FlagsGuard guard;
+    flags().recompute = mode;
+    Tensor s = matmul(x, w1) + matmul(x, w2);
+    return jit::saved_for_backward((s * s).sum(), {w1, w2}).activations;
+  };
+  CHECK(saved("cheap") == saved("off"));
+  CHECK(saved("elementwise") == saved("off"));
+  CHECK(saved("off") == 32 * 32 * 4);
+}
+
+TEST_CASE("KILN_RECOMPUTE takes cheap, elementwise or off", "[recompute][flags]") {
+  FlagsGuard guard;
+  CHECK_THROWS_WITH(flags().set("recompute", "all"), Catch::Contains("recompute") && Catch::Contains("cheap"));
+  flags().set("recompute", "elementwise");
+  CHECK(flags().recompute == "elementwise");
+}

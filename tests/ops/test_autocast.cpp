@@ -345,7 +345,14 @@ TEST_CASE("saved_for_backward: what a step keeps for its backward halves under b
   jit::SavedForBackward low = jit::saved_for_backward(cross_entropy(net.forward(x), y), net.params());
   CHECK(low.inputs == 256 * 8);  // the labels: the backward reads the input's bf16 copy, an activation
   CHECK(low.activations + low.inputs <= (wide.activations + wide.inputs) * 0.55);
-  CHECK(low.weights == 10 * 32 * 2);  // its bf16 copy
+  // The second weight: the backward casts it to bfloat16 again instead of keeping the forward's
+  // copy (KILN_RECOMPUTE=cheap), or keeps that copy.
+  CHECK(low.weights == 10 * 32 * 4);
+  {
+    FlagsGuard guard;
+    flags().recompute = "off";
+    CHECK(jit::saved_for_backward(cross_entropy(net.forward(x), y), net.params()).weights == 10 * 32 * 2);
+  }
   // Nothing ran: the parameters are still the realized leaves they were.
   for (const Tensor& p : net.params()) CHECK(p.is_realized());
 }

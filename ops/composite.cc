@@ -31,8 +31,16 @@ Tensor triangle(const Tensor& a, int64_t diagonal, bool lower, const char* name)
 Tensor tril(const Tensor& a, int64_t diagonal) { return triangle(a, diagonal, true, "tril"); }
 Tensor triu(const Tensor& a, int64_t diagonal) { return triangle(a, diagonal, false, "triu"); }
 
+namespace {
+// A float16 / bfloat16 input of an elementwise composite is computed in float32 and rounded once
+// at the end, as PyTorch's kernels do: rounding every inner op would cost accuracy and make the
+// fused kernel compute-bound on conversions. (The gradient is rounded once too.)
+bool in_float32(const Tensor& x) { return x.dtype() == DType::BFloat16 || x.dtype() == DType::Float16; }
+}  // namespace
+
 Tensor gelu(const Tensor& x, bool tanh_approximation) {
   AutocastScope amp("gelu");
+  if (in_float32(x)) return gelu(x.cast(DType::Float32), tanh_approximation).cast(x.dtype());
   if (tanh_approximation) {
     const double k = std::sqrt(2.0 / M_PI);
     return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
@@ -42,10 +50,12 @@ Tensor gelu(const Tensor& x, bool tanh_approximation) {
 
 Tensor sigmoid(const Tensor& x) {
   AutocastScope amp("sigmoid");
+  if (in_float32(x)) return sigmoid(x.cast(DType::Float32)).cast(x.dtype());
   return reciprocal(1.0 + exp(-x));
 }
 Tensor silu(const Tensor& x) {
   AutocastScope amp("silu");
+  if (in_float32(x)) return silu(x.cast(DType::Float32)).cast(x.dtype());
   return x * sigmoid(x);
 }
 

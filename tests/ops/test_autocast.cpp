@@ -372,3 +372,29 @@ TEST_CASE("half-type ops keep plain numbers in float precision, as PyTorch", "[a
   CHECK(fused == stored);
   CHECK(stored[0] == 2.0f * 0.10009765625f);  // bfloat16(0.1), doubled exactly
 }
+
+TEST_CASE("half-type gelu, sigmoid and silu compute in float32 and round once, as PyTorch", "[autocast][fusion]") {
+  using Fn = Tensor (*)(const Tensor&);
+  const std::vector<std::pair<const char*, Fn>> ops = {
+      {"gelu", [](const Tensor& t) { return gelu(t); }},
+      {"gelu tanh", [](const Tensor& t) { return gelu(t, true); }},
+      {"sigmoid", [](const Tensor& t) { return sigmoid(t); }},
+      {"silu", [](const Tensor& t) { return silu(t); }}};
+  for (DType half : {DType::BFloat16, DType::Float16}) {
+    for (const auto& [name, fn] : ops) {
+      CAPTURE(dtype_name(half), name);
+      Tensor x = (randn({256}) * 3.0).cast(half).realize().requires_grad_();
+      Tensor y = fn(x);
+      CHECK(y.dtype() == half);
+      // The value and the gradient: the float32 computation, rounded once.
+      Tensor wide = x.detach().cast(DType::Float32).requires_grad_();
+      Tensor want = fn(wide);
+      CHECK(y.cast(DType::Float32).to_vector<float>() == want.cast(half).cast(DType::Float32).to_vector<float>());
+      Tensor dy = randn({256}).cast(half).realize();
+      Tensor dx = grad((y * dy).sum(), {x})[0];
+      Tensor dwide = grad((want * dy.cast(DType::Float32)).sum(), {wide})[0];
+      CHECK(dx.dtype() == half);
+      CHECK(dx.cast(DType::Float32).to_vector<float>() == dwide.cast(half).cast(DType::Float32).to_vector<float>());
+    }
+  }
+}

@@ -52,24 +52,26 @@ static inline float kiln_tanhf(float x) {
   return a < 0.1f ? small : big;
 }
 // erf: x P(x^2) / Q(x^2) on [-4, 4] (beyond 4, erf is 1 in float). Coefficients fitted for kiln
-// by iteratively reweighted least squares on relative error: max 3.5e-7 relative when evaluated in
-// float. One division and no exp, so it vectorizes; clamped so |erf| never exceeds 1.
+// by iteratively reweighted least squares on relative error: at most 3.9e-7 relative when
+// evaluated in float (every float in [-5, 5] against double erf). One division and no exp, so it vectorizes; clamped so |erf| never exceeds 1. Horner steps
+// are explicit fused multiply-adds (the same bits in every kernel, fused or not, whatever
+// -ffp-contract says): half the instructions of a multiply and an add.
 static inline float kiln_erff(float x) {
   float c = x < -4.0f ? -4.0f : (x > 4.0f ? 4.0f : x);
   float z = c * c;
   float p = -1.3173756604745287e-08f;
-  p = p * z + 4.6806406144515125e-06f;
-  p = p * z + 0.0003794239771022433f;
-  p = p * z + 0.003846896708382652f;
-  p = p * z + 0.054306011194403495f;
-  p = p * z + 0.18514519454067913f;
-  p = p * z + 1.1283791694439855f;
+  p = __builtin_fmaf(p, z, 4.6806406144515125e-06f);
+  p = __builtin_fmaf(p, z, 0.0003794239771022433f);
+  p = __builtin_fmaf(p, z, 0.003846896708382652f);
+  p = __builtin_fmaf(p, z, 0.054306011194403495f);
+  p = __builtin_fmaf(p, z, 0.18514519454067913f);
+  p = __builtin_fmaf(p, z, 1.1283791694439855f);
   float q = 6.30736212661557e-05f;
-  q = q * z + 0.001306784038519625f;
-  q = q * z + 0.015455907081364977f;
-  q = q * z + 0.11393160572546802f;
-  q = q * z + 0.497414072204301f;
-  q = q * z + 1.0f;
+  q = __builtin_fmaf(q, z, 0.001306784038519625f);
+  q = __builtin_fmaf(q, z, 0.015455907081364977f);
+  q = __builtin_fmaf(q, z, 0.11393160572546802f);
+  q = __builtin_fmaf(q, z, 0.497414072204301f);
+  q = __builtin_fmaf(q, z, 1.0f);
   float r = c * p / q;
   return r < -1.0f ? -1.0f : (r > 1.0f ? 1.0f : r);
 }

@@ -250,6 +250,15 @@ std::vector<int> choose_cheap_recompute(const std::vector<NodePtr>& nodes, bool 
   const std::vector<int> saved = saved_activations(nodes, index);
   std::vector<char> is_saved(nodes.size(), 0), dropped(nodes.size(), 0);
   for (int p : saved) is_saved[p] = 1;
+  // Buffers a backward matmul, convolution, gather or scatter reads from memory: a copy of such a
+  // value is a kernel of its own. Elementwise and reduction kernels recompute a copy inside.
+  std::vector<char> read_from_memory(nodes.size(), 0);
+  for (const NodePtr& consumer : nodes) {
+    const OpKind kind = op_kind(consumer->op);
+    if (consumer->requires_grad || (kind != OpKind::Library && kind != OpKind::Index)) continue;
+    for (const NodePtr& in : consumer->inputs)
+      if (int p = index.of(in.get()); p >= 0 && index.base[p] >= 0) read_from_memory[index.base[p]] = 1;
+  }
   std::vector<int> chosen;
   std::vector<char> visited(nodes.size(), 0);
   std::vector<int> touched;
@@ -285,10 +294,10 @@ std::vector<int> choose_cheap_recompute(const std::vector<NodePtr>& nodes, bool 
         if (copied || (via_copy && !n.requires_grad && !n.grad_leaf && op_kind(n.op) != OpKind::Leaf)) cheap = false;
         continue;
       }
-      // (A transcendental op on a few values, e.g. the rsqrt of a layer norm's variances, is
-      // cheap.)
+      // Transcendental work is cheap on a few values (the rsqrt of a layer norm's variances), or
+      // where the backward's own kernels would compute the copy anyway.
       if ((copied && op_kind(n.op) != OpKind::Movement && ++chain > kMaxCheapChain) ||
-          (!transcendental && is_transcendental(n.op) && n.numel() * 8 > value.numel())) {
+          (!transcendental && read_from_memory[s] && is_transcendental(n.op) && n.numel() * 8 > value.numel())) {
         cheap = false;
         break;
       }

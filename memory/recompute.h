@@ -108,8 +108,10 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
 // ---- recomputing what is cheap (KILN_RECOMPUTE) ----
 
 // Saved activations the backward can recompute from what it keeps anyway by elementwise work
-// alone: a layer norm's output from its input and statistics; with `transcendental`, also values
-// made with exp, erf, tanh, ... (a GELU's output from its pre-activation). A saved value is chosen
+// alone: a layer norm's output from its input and statistics; values made with exp, erf, tanh, ...
+// only where the backward's elementwise or reduction kernels would compute the copy inside
+// themselves, or everywhere with `transcendental` (then also a GELU's output, which a weight
+// gradient's matmul reads from memory, from its pre-activation). A saved value is chosen
 // when everything its recomputation reads (through elementwise ops and views) is kept for the
 // backward already, or is a weight, an input or a constant — so the saved bytes only fall — and
 // the work is bounded (kMaxCheapChain ops). Returns positions in `nodes` (inputs before

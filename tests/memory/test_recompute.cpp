@@ -386,3 +386,36 @@ TEST_CASE("KILN_RECOMPUTE takes cheap, elementwise or off", "[recompute][flags]"
   flags().set("recompute", "elementwise");
   CHECK(flags().recompute == "elementwise");
 }
+
+TEST_CASE("cheap recomputation redoes exp where the backward's elementwise kernels would, not for a matmul",
+          "[recompute][planner]") {
+  Tensor x = randn({64, 32}).realize();
+  Tensor w = (randn({32}) * 0.1).realize().requires_grad_();
+  Tensor w2 = randn({32, 8}).realize().requires_grad_();
+  auto step = [&](const std::string& mode, bool matmul_reads) {
+    FlagsGuard guard;
+    flags().recompute = mode;
+    auto loss_of = [&] {
+      // exp's gradient reads y; five ops: the scheduler stores y rather than recompute it twice.
+      Tensor y = exp(exp(x * w) * 0.5 + 0.1);
+      return matmul_reads ? matmul(y, w2).sum() : (y * y).sum();
+    };
+    const int64_t saved = jit::saved_for_backward(loss_of(), {w, w2}).activations;
+    std::vector<Tensor> g = grad(loss_of(), {w, w2});
+    sync(g);
+    return std::make_pair(saved, std::vector<std::vector<float>>{g[0].to_vector<float>(), g[1].to_vector<float>()});
+  };
+  // Only elementwise kernels read y: recomputed inside them, nothing kept.
+  auto [off_saved, off_grads] = step("off", false);
+  auto [cheap_saved, cheap_grads] = step("cheap", false);
+  CHECK(off_saved == 64 * 32 * 4);
+  CHECK(cheap_saved == 0);
+  CHECK(same_bits(off_grads[0], cheap_grads[0]));
+  // w2's gradient (a matmul) reads y from memory: cheap keeps it, elementwise recomputes it.
+  CHECK(step("cheap", true).first == 64 * 32 * 4);
+  auto [all_saved, all_grads] = step("elementwise", true);
+  CHECK(all_saved < 64 * 32 * 4);
+  auto [kept_saved, kept_grads] = step("off", true);
+  CHECK(same_bits(kept_grads[0], all_grads[0]));
+  CHECK(same_bits(kept_grads[1], all_grads[1]));
+}

@@ -5,6 +5,7 @@
 //   ./build/samples/train_gpt --text book.txt --steps 2000 --layers 6 --dim 256 --ctx 128
 //   ./build/samples/train_gpt --save gpt.safetensors && ./build/samples/train_gpt --load gpt.safetensors --steps 0
 //   ./build/samples/train_gpt --amp bf16 --checkpoint --compress-activations int8   # memory flags
+//   ./build/samples/train_gpt --recompute elementwise   # the backward recomputes GELU outputs too
 //
 // The text is read as bytes: the vocabulary is the distinct bytes of the file (a UTF-8 letter
 // outside ASCII is two or three tokens), so any file works. 90% trains, the last 10% validates.
@@ -136,7 +137,7 @@ std::string optimizer_path(const std::string& path) {
 int main(int argc, char** argv) {
   CLI::App app{"Train a character-level GPT on a text file with kiln"};
   std::string text_path = "/usr/share/common-licenses", device = "cpu", save_path, load_path, csv_path, amp = "none",
-              budget, compress = "none";
+              budget, compress = "none", recompute;
   int64_t steps = 600, batch = 32, ctx = 64, layers = 4, heads = 4, dim = 128, eval_every = 100;
   double lr = 3e-3;
   uint64_t seed = 0;
@@ -161,6 +162,9 @@ int main(int argc, char** argv) {
   app.add_option("--budget", budget, "KILN_MEMORY_BUDGET for the step: a size (64MiB) or a fraction (0.5)");
   app.add_option("--compress-activations", compress, "int8: keep what the backward reads as int8; or none")
       ->check(CLI::IsMember({"int8", "none"}));
+  app.add_option("--recompute", recompute,
+                 "KILN_RECOMPUTE: cheap (the default), elementwise (also GELU outputs) or off")
+      ->check(CLI::IsMember({"cheap", "elementwise", "off"}));
   app.add_flag("--data-parallel", data_parallel, "train on every process mpirun starts, gradients averaged");
   CLI11_PARSE(app, argc, argv);
 
@@ -170,6 +174,7 @@ int main(int argc, char** argv) {
     const bool lead = dist::rank() == 0;  // the rank that validates, prints, saves and samples
     kiln::manual_seed(seed);
     if (!budget.empty()) kiln::flags().set("memory_budget", budget);
+    if (!recompute.empty()) kiln::flags().set("recompute", recompute);
     const kiln::Device run_on = device == "cuda" ? kiln::Device::cuda(0) : kiln::Device::cpu();
     const std::string text = read_text(text_path);
     KILN_CHECK(static_cast<int64_t>(text.size()) * 9 / 10 > ctx + 1 && static_cast<int64_t>(text.size()) / 10 > ctx + 1,

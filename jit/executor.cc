@@ -220,12 +220,23 @@ PendingGraph collect_compressed(const std::vector<NodePtr>& targets, memory::Com
   return graph;
 }
 
+// What the recomputation passes of one realize chose, for the plan's figures (memory::report).
+struct Recomputed {
+  int values = 0;
+  int64_t bytes = 0, elements = 0;
+};
+void note_recomputed(const memory::RecomputeRewrite& rewrite, size_t values, Recomputed& sum) {
+  sum.values += static_cast<int>(values);
+  sum.bytes += rewrite.dropped_bytes;
+  sum.elements += rewrite.copied_elements;
+}
+
 // The budget pass's choices by graph key and budget: positions of the nodes to recompute.
 std::unordered_map<std::string, std::vector<int>> g_recompute_choices;
 
 // Under KILN_MEMORY_BUDGET: rewires `graph` so that its plan fits (memory/recompute.h) and
 // collects it again. The rewritten graph has a key of its own, so its plan is cached apart.
-void fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& graph) {
+void fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& graph, Recomputed& recomputed) {
   const std::string& budget_text = flags().memory_budget;
   std::string choice_key = graph.key + '\0' + budget_text;
   auto it = g_recompute_choices.find(choice_key);
@@ -246,7 +257,7 @@ void fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& graph)
   std::vector<int> dropped = it->second;
   if (!flags().plan_cache) g_recompute_choices.erase(it);  // decide again next time
   if (dropped.empty()) return;
-  memory::apply_recompute(graph.nodes, dropped);
+  note_recomputed(memory::apply_recompute(graph.nodes, dropped), dropped.size(), recomputed);
   graph = collect_pending(targets);
 }
 
@@ -260,7 +271,8 @@ std::unordered_map<std::string, CheapChoice> g_cheap_choices;
 // KILN_RECOMPUTE (cheap, elementwise): rewires `graph` so that the backward recomputes the saved
 // activations elementwise work gives back from what it keeps anyway (memory/recompute.h), and
 // collects it again. The choice is made once per graph key.
-void recompute_cheap_activations(const std::vector<NodePtr>& targets, PendingGraph& graph) {
+void recompute_cheap_activations(const std::vector<NodePtr>& targets, PendingGraph& graph,
+                                 Recomputed* recomputed = nullptr) {
   const std::string& mode = flags().recompute;
   // Under KILN_MEMORY_BUDGET its pass chooses every recomputed value, its fraction still of the
   // plan without any.
@@ -276,7 +288,8 @@ void recompute_cheap_activations(const std::vector<NodePtr>& targets, PendingGra
   std::vector<int> dropped = it->second.dropped;
   if (!flags().plan_cache) g_cheap_choices.erase(it);
   if (dropped.empty()) return;
-  memory::apply_recompute(graph.nodes, dropped);
+  const memory::RecomputeRewrite rewrite = memory::apply_recompute(graph.nodes, dropped);
+  if (recomputed) note_recomputed(rewrite, dropped.size(), *recomputed);
   graph = collect_pending(targets);
 }
 
@@ -393,8 +406,9 @@ void realize(const std::vector<NodePtr>& targets) {
   for (const NodePtr& n : graph.nodes)
     KILN_CHECK(n->device == device, op_name(n->op), "{} on {} depends on pending work on {}; move tensors with .to() "
                "before combining them", shape_str(n->shape), n->device.str(), device.str());
-  recompute_cheap_activations(targets, graph);
-  if (!flags().memory_budget.empty()) fit_memory_budget(targets, graph);
+  Recomputed recomputed;
+  recompute_cheap_activations(targets, graph, &recomputed);
+  if (!flags().memory_budget.empty()) fit_memory_budget(targets, graph, recomputed);
   // The key encodes every node's device: the same graph on another device is another plan.
   Plan* plan = nullptr;
   std::unique_ptr<Plan> uncached;
@@ -412,6 +426,9 @@ void realize(const std::vector<NodePtr>& targets) {
     uncached->info->compressed_values = compression.values;
     uncached->info->compressed_from = compression.full_bytes;
     uncached->info->compressed_to = compression.kept_bytes;
+    uncached->info->recomputed_values = recomputed.values;
+    uncached->info->recomputed_bytes = recomputed.bytes;
+    uncached->info->recomputed_elements = recomputed.elements;
     memory::note_plan(uncached->info);
     uncached->kernels = uncached->backend->compile(uncached->program.kernels, device, uncached->group_start);
     stats().plans_built++;

@@ -28,6 +28,11 @@ struct PlanLayout {
   // full width, and the bytes kept instead.
   int compressed_values = 0;
   int64_t compressed_from = 0, compressed_to = 0;
+  // Saved activations the backward recomputes instead (KILN_RECOMPUTE, KILN_MEMORY_BUDGET; not
+  // checkpoint segments): how many, their bytes, and the elements the copies compute (one per
+  // op: the extra work, mostly elementwise).
+  int recomputed_values = 0;
+  int64_t recomputed_bytes = 0, recomputed_elements = 0;
 };
 
 // Called by the executor when it builds a plan; the most recent plans are kept for reports.

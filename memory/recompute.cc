@@ -178,6 +178,9 @@ RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::v
     copy[i] = recompute_copy(*nodes[i], std::move(inputs));
   }
   RecomputeRewrite rewrite;
+  for (int p : dropped) rewrite.dropped_bytes += static_cast<int64_t>(nodes[p]->nbytes());
+  for (size_t i = 0; i < n; ++i)
+    if (needs_copy[i] && op_kind(nodes[i]->op) != OpKind::Movement) rewrite.copied_elements += nodes[i]->numel();
   for (const NodePtr& consumer : nodes)
     for (size_t s = 0; s < consumer->inputs.size(); ++s)
       if (int p = read_by_backward(*consumer, consumer->inputs[s]); p >= 0) {

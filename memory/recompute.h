@@ -86,6 +86,8 @@ struct RecomputeRewrite {
     NodePtr original;
   };
   std::vector<Edit> edits;
+  int64_t dropped_bytes = 0;     // the dropped values' bytes
+  int64_t copied_elements = 0;   // elements the copies compute, one per op (views not counted)
   void undo();
 };
 

@@ -7,10 +7,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "jit/executor.h"
 #include "memory/profile.h"
 #include "memory/recompute.h"
+#include "memory/report.h"
 
 using namespace kiln;
 
@@ -321,6 +323,9 @@ namespace {
 struct MlpBlockStep {
   std::vector<std::vector<float>> grads;
   int64_t saved = 0;
+  int recomputed = 0;  // values the step's plan recomputes, as memory::report() shows them
+  int64_t recomputed_bytes = 0;
+  std::string report;
 };
 MlpBlockStep mlp_block_step(const std::string& recompute) {
   FlagsGuard guard;
@@ -340,6 +345,9 @@ MlpBlockStep mlp_block_step(const std::string& recompute) {
   out.saved = jit::saved_for_backward(loss_of(), {x, g, w1, b1, w2}).activations;
   std::vector<Tensor> grads = grad(loss_of(), {x, g, w1, b1, w2});
   sync(grads);
+  out.recomputed = memory::last_plan()->recomputed_values;
+  out.recomputed_bytes = memory::last_plan()->recomputed_bytes;
+  out.report = memory::report();
   for (const Tensor& t : grads) out.grads.push_back(t.to_vector<float>());
   return out;
 }
@@ -353,6 +361,13 @@ TEST_CASE("cheap recomputation: layer norm and GELU outputs are recomputed, grad
   // elementwise: the GELU's output (4 x 6 x 64) from its pre-activation too.
   CHECK(cheap.saved <= off.saved - 4 * 6 * 16 * 4);
   CHECK(elementwise.saved <= cheap.saved - 4 * 6 * 64 * 4);
+  // The plans say so in memory::report().
+  CHECK(off.recomputed == 0);
+  CHECK(cheap.recomputed > 0);
+  CHECK(elementwise.recomputed > cheap.recomputed);
+  CHECK(elementwise.recomputed_bytes >= cheap.recomputed_bytes + 4 * 6 * 64 * 4);
+  CHECK_THAT(cheap.report, Catch::Contains("recomputed for the backward"));
+  CHECK_THAT(off.report, !Catch::Contains("recomputed for the backward"));
   for (size_t i = 0; i < off.grads.size(); ++i) {
     CHECK(same_bits(off.grads[i], cheap.grads[i]));
     CHECK(same_bits(off.grads[i], elementwise.grads[i]));

@@ -29,8 +29,9 @@ struct PlanLayout {
   int compressed_values = 0;
   int64_t compressed_from = 0, compressed_to = 0;
   // Saved activations the backward recomputes instead (KILN_RECOMPUTE, KILN_MEMORY_BUDGET; not
-  // checkpoint segments): how many, their bytes, and the elements the copies compute (one per
-  // op: the extra work, mostly elementwise).
+  // checkpoint segments): how many, their bytes (some of which the scheduler would have fused
+  // rather than stored anyway), and the elements the copies compute (one per op: the extra work,
+  // mostly elementwise).
   int recomputed_values = 0;
   int64_t recomputed_bytes = 0, recomputed_elements = 0;
 };

@@ -118,8 +118,8 @@ std::string report() {
                    format_bytes(last->compressed_from), format_bytes(last->compressed_to),
                    static_cast<double>(last->compressed_to) / static_cast<double>(last->compressed_from));
   if (last->recomputed_values > 0)
-    fmt::format_to(line, "saved activations recomputed for the backward: {} values, {} not kept, {} element-ops of extra "
-                   "work\n", last->recomputed_values, format_bytes(last->recomputed_bytes), last->recomputed_elements);
+    fmt::format_to(line, "saved activations recomputed for the backward: {} values ({}), {} element-ops of extra work\n",
+                   last->recomputed_values, format_bytes(last->recomputed_bytes), last->recomputed_elements);
   // What is live at the peak, grouped by the kernel summary and size that made it.
   Peak peak = peak_of(*last);
   if (peak.kernel >= 0) {

@@ -265,7 +265,12 @@ std::vector<int> choose_cheap_recompute(const std::vector<NodePtr>& nodes, bool 
   std::vector<int> chosen;
   std::vector<char> visited(nodes.size(), 0);
   std::vector<int> touched;
-  std::vector<std::pair<int, bool>> stack;  // (position, reached through copied values only)
+  struct Step {
+    int position;
+    bool via_copy;  // reached through copied values only
+    int kept_depth; // kept elementwise values walked through since the last copied one
+  };
+  std::vector<Step> stack;
   for (int s : saved) {
     const Node& value = *nodes[s];
     if (!is_elementwise(value.op)) continue;
@@ -277,10 +282,13 @@ std::vector<int> choose_cheap_recompute(const std::vector<NodePtr>& nodes, bool 
     int chain = 0;
     for (int p : touched) visited[p] = 0;
     touched.clear();
-    stack.assign(1, {s, true});
+    stack.assign(1, {s, true, 0});
     while (cheap && !stack.empty()) {
-      const auto [p, via_copy] = stack.back();
+      const auto [p, via_copy, kept_depth] = stack.back();
       stack.pop_back();
+      // The scheduler stores what costs more than a few ops to duplicate: deeper kept work is
+      // not redone by the copy's kernel (and the walk stays short on long residual chains).
+      if (kept_depth > kMaxKeptWalk) continue;
       // 1: walked as kept; 2: walked as copied (which re-walks what was walked as kept).
       const char mark = via_copy ? 2 : 1;
       if (visited[p] >= mark) continue;
@@ -304,8 +312,10 @@ std::vector<int> choose_cheap_recompute(const std::vector<NodePtr>& nodes, bool 
         cheap = false;
         break;
       }
+      const bool next_via_copy = copied || (via_copy && op_kind(n.op) == OpKind::Movement);
+      const int next_depth = next_via_copy ? 0 : kept_depth + (op_kind(n.op) == OpKind::Movement ? 0 : 1);
       for (const NodePtr& in : n.inputs)
-        if (int q = index.of(in.get()); q >= 0) stack.push_back({q, copied || (via_copy && op_kind(n.op) == OpKind::Movement)});
+        if (int q = index.of(in.get()); q >= 0) stack.push_back({q, next_via_copy, next_depth});
     }
     if (!cheap) continue;
     dropped[s] = 1;

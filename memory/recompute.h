@@ -119,6 +119,7 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
 // the work is bounded (kMaxCheapChain ops). Returns positions in `nodes` (inputs before
 // consumers) for apply_recompute; the recomputed values are bit-identical to the originals.
 inline constexpr int kMaxCheapChain = 16;
+inline constexpr int kMaxKeptWalk = 8;  // kept elementwise values looked through for exp, erf, ...
 std::vector<int> choose_cheap_recompute(const std::vector<NodePtr>& nodes, bool transcendental);
 
 }  // namespace memory

@@ -240,7 +240,7 @@ template <typename T, int64_t B, int64_t H, int64_t TQ, int64_t TK, int64_t D, i
 static void kiln_attention_backward(Q q, K k, V v, O o, L lse, DO do_, DQ dq, DK dk, DV_ dv, T scale) {
   constexpr int64_t DP = kiln_attn_pad<T, D>, DVP = kiln_attn_pad<T, DV>;
   constexpr int64_t TQP = (TQ + 15) / 16 * 16;  // keeps the regions after delta vector-aligned
-  constexpr int64_t kScratch = TQP + TQ * DP + BR * DP + BR * DVP + 3 * BR * BC + DP * BC + BC * DP + DVP * BC +
+  constexpr int64_t kScratch = TQP + TQ * DP + TQ * DP + TQ * DVP + 3 * BR * BC + DP * BC + BC * DP + DVP * BC +
                                BC * DP + BC * DVP;
   #pragma omp parallel for schedule(dynamic) if (B * H > 1 && B * H * TQ * TK * (D + DV) > 32768)
   for (int64_t task = 0; task < B * H; ++task) {
@@ -248,9 +248,9 @@ static void kiln_attention_backward(Q q, K k, V v, O o, L lse, DO do_, DQ dq, DK
     KilnAttnScratch<T> scratch(kScratch);
     T* delta = scratch.base;     // [TQ] rowsum(do * o)
     T* dqa = delta + TQP;        // [TQ][DP] dq, unscaled
-    T* qs = dqa + TQ * DP;       // [BR][DP] scaled query rows
-    T* dob = qs + BR * DP;       // [BR][DVP] output gradient rows
-    T* kt = dob + BR * DVP;      // [DP][BC] keys, transposed
+    T* qs = dqa + TQ * DP;       // [TQ][DP] scaled query rows (every key block reads them)
+    T* dob = qs + TQ * DP;       // [TQ][DVP] output gradient rows
+    T* kt = dob + TQ * DVP;      // [DP][BC] keys, transposed
     T* kb = kt + DP * BC;        // [BC][DP] keys
     T* vt = kb + BC * DP;        // [DVP][BC] values, transposed
     T* dka = vt + DVP * BC;      // [BC][DP]
@@ -260,11 +260,15 @@ static void kiln_attention_backward(Q q, K k, V v, O o, L lse, DO do_, DQ dq, DK
     T* ds = dp + BR * BC;        // [BR][BC] score gradients
     // dq accumulates from zero; padding (features past D and DV) reads as zeros in the tile
     // products, and the tiles below rewrite only real features.
-    memset(dqa, 0, sizeof(T) * (TQ * DP + BR * DP + BR * DVP + DP * BC + BC * DP + DVP * BC));
+    memset(dqa, 0, sizeof(T) * (TQ * DP + TQ * DP + TQ * DVP + DP * BC + BC * DP + DVP * BC));
     for (int64_t i = 0; i < TQ; ++i) {
+      #pragma omp simd
+      for (int64_t d = 0; d < D; ++d) qs[i * DP + d] = scale * kiln_attn_value(q.at(b, h, i, d));
+      #pragma omp simd
+      for (int64_t d = 0; d < DV; ++d) dob[i * DVP + d] = do_.at(b, h, i, d);
       T sum = 0;
       #pragma omp simd reduction(+:sum)
-      for (int64_t d = 0; d < DV; ++d) sum += do_.at(b, h, i, d) * o.at(b, h, i, d);
+      for (int64_t d = 0; d < DV; ++d) sum += dob[i * DVP + d] * o.at(b, h, i, d);
       delta[i] = sum;
     }
     for (int64_t j0 = 0; j0 < TK; j0 += BC) {
@@ -280,14 +284,10 @@ static void kiln_attention_backward(Q q, K k, V v, O o, L lse, DO do_, DQ dq, DK
       const int64_t first = CAUSAL ? (j0 - (TK - TQ) > 0 ? j0 - (TK - TQ) : 0) : 0;
       for (int64_t i0 = first; i0 < TQ; i0 += BR) {
         const int64_t rows = TQ - i0 < BR ? TQ - i0 : BR;
-        for (int64_t i = 0; i < rows; ++i) {
-          #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) qs[i * DP + d] = scale * kiln_attn_value(q.at(b, h, i0 + i, d));
-          #pragma omp simd
-          for (int64_t d = 0; d < DV; ++d) dob[i * DVP + d] = do_.at(b, h, i0 + i, d);
-        }
-        kiln_tile_acc<T, BC, false>(qs, DP, 1, DP, kt, p, rows);     // scores
-        kiln_tile_acc<T, BC, false>(dob, DVP, 1, DVP, vt, dp, rows);  // do vᵀ
+        const T* qi = qs + i0 * DP;
+        const T* doi = dob + i0 * DVP;
+        kiln_tile_acc<T, BC, false>(qi, DP, 1, DP, kt, p, rows);     // scores
+        kiln_tile_acc<T, BC, false>(doi, DVP, 1, DVP, vt, dp, rows);  // do vᵀ
         for (int64_t i = 0; i < rows; ++i) {
           const T li = lse.at(b, h, i0 + i, 0), di = delta[i0 + i];
           T* pi = p + i * BC;
@@ -300,8 +300,8 @@ static void kiln_attention_backward(Q q, K k, V v, O o, L lse, DO do_, DQ dq, DK
           #pragma omp simd
           for (int64_t j = 0; j < BC; ++j) ds[i * BC + j] = pi[j] * (dp[i * BC + j] - di);
         }
-        kiln_tile_acc<T, DVP>(p, 1, BC, rows, dob, dva, cols);             // dv[j] += p[i][j] do[i]
-        kiln_tile_acc<T, DP>(ds, 1, BC, rows, qs, dka, cols);              // dk[j] += ds[i][j] q[i]
+        kiln_tile_acc<T, DVP>(p, 1, BC, rows, doi, dva, cols);             // dv[j] += p[i][j] do[i]
+        kiln_tile_acc<T, DP>(ds, 1, BC, rows, qi, dka, cols);              // dk[j] += ds[i][j] q[i]
         kiln_tile_acc<T, DP>(ds, BC, 1, cols, kb, dqa + i0 * DP, rows);    // dq[i] += ds[i][j] k[j]
       }
       for (int64_t j = 0; j < cols; ++j) {

@@ -285,12 +285,15 @@ void recompute_cheap_activations(const std::vector<NodePtr>& targets, PendingGra
                  choice.dropped.size(), mode);
     it = g_cheap_choices.insert_or_assign(graph.key, std::move(choice)).first;
   }
-  std::vector<int> dropped = it->second.dropped;
-  if (!flags().plan_cache) g_cheap_choices.erase(it);
-  if (dropped.empty()) return;
-  const memory::RecomputeRewrite rewrite = memory::apply_recompute(graph.nodes, dropped);
-  if (recomputed) note_recomputed(rewrite, dropped.size(), *recomputed);
-  graph = collect_pending(targets);
+  // (Read in place: this runs on every replay.)
+  const std::vector<int>& dropped = it->second.dropped;
+  if (!dropped.empty()) {
+    const memory::RecomputeRewrite rewrite = memory::apply_recompute(graph.nodes, dropped);
+    if (recomputed) note_recomputed(rewrite, dropped.size(), *recomputed);
+  }
+  const bool rewired = !dropped.empty();
+  if (!flags().plan_cache) g_cheap_choices.erase(it);  // decide again next time
+  if (rewired) graph = collect_pending(targets);
 }
 
 void run_plan(const Plan& plan, const PendingGraph& graph) {

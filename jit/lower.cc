@@ -32,6 +32,11 @@ struct Lowerer {
   void assign_slots();
   bool build_kernels();
   bool add_side_output(const Node* node, const std::vector<int>& kernel_of);
+  int add_sibling_output(const Node* node, int slot, const std::vector<int>& writer_of_slot);
+
+  std::vector<int> kernel_node_;  // per kernel built: the node it was built for
+  // How many kernels back a recomputed copy looks for a sibling kernel to join.
+  static constexpr int kSiblingWindow = 64;
 };
 
 void Lowerer::assign_slots() {
@@ -225,9 +230,17 @@ bool affine_in(const Kernel& k, const std::string& var) {
   return k.ctx.affine_in(k.store_index, var);
 }
 
+// A further output of an elementwise kernel: `node`, of the kernel's shape, into `slot`.
+struct SiblingOutput {
+  const Node* node = nullptr;
+  int slot = -1;
+};
+
 // An elementwise kernel over `shape` as a parallel loop "o" over its first `outer_dims` axes and an
-// inner loop "i" over the rest (outer_dims 0: one flat parallel loop "i").
-Kernel build_elementwise(const Lowerer& s, const Node* node, int slot, size_t outer_dims) {
+// inner loop "i" over the rest (outer_dims 0: one flat parallel loop "i"). `more`: values of the
+// same shape stored alongside (one builder, so loads and operations they share are done once).
+Kernel build_elementwise(const Lowerer& s, const Node* node, int slot, size_t outer_dims,
+                         const std::vector<SiblingOutput>& more = {}) {
   Kernel k;
   k.kind = KernelKind::Elementwise;
   KernelBuilder b(s, k);
@@ -252,20 +265,27 @@ Kernel build_elementwise(const Lowerer& s, const Node* node, int slot, size_t ou
     k.store_index = k.ctx.add(k.ctx.scale(o, inner), i);
   }
   k.value = b.value(node, idx, true);
+  for (const SiblingOutput& m : more) {
+    SideStore store;
+    store.buffer = b.buffer(m.slot, m.node->dtype, true);
+    store.value = b.value(m.node, idx, true);
+    k.side_stores.push_back(store);
+  }
   k.summary += shape_str(shape);
+  if (!more.empty()) k.summary += fmt::format(" +{} recomputed", more.size());
   return k;
 }
 
 // The elementwise kernel with the longest inner loop along which every address is affine: one flat
 // loop when possible; else, e.g. for a per-channel bias over (N, C, H, W), o over (N, C) and i
 // over H*W (not just W: a short inner loop of half-precision values runs at half speed).
-Kernel build_elementwise(const Lowerer& s, const Node* node, int slot) {
+Kernel build_elementwise(const Lowerer& s, const Node* node, int slot, const std::vector<SiblingOutput>& more = {}) {
   const size_t dims = node->shape.size();
   for (size_t outer_dims = 0; outer_dims + 1 < dims; ++outer_dims) {
-    Kernel k = build_elementwise(s, node, slot, outer_dims);
+    Kernel k = build_elementwise(s, node, slot, outer_dims, more);
     if (affine_in(k, "i")) return k;
   }
-  return build_elementwise(s, node, slot, dims == 0 ? 0 : dims - 1);
+  return build_elementwise(s, node, slot, dims == 0 ? 0 : dims - 1, more);
 }
 
 Kernel build_reduce(const Lowerer& s, const Node* node, int slot, bool flat) {
@@ -534,14 +554,59 @@ bool Lowerer::add_side_output(const Node* node, const std::vector<int>& kernel_o
   return true;
 }
 
+// A recomputed copy (memory/recompute.h) of the shape of an earlier elementwise kernel that reads
+// the same saved values (a GELU's backward, and the GELU's output recomputed for the next
+// layer's weight gradient) becomes that kernel's second output: the loads and the erf are done
+// once, and the copy costs a store. Only where everything the copy reads is written before that
+// kernel, so moving the copy's work earlier reads the same values.
+int Lowerer::add_sibling_output(const Node* node, int slot, const std::vector<int>& writer_of_slot) {
+  if (!node->recompute || !is_elementwise(node->op) || node->realized()) return -1;
+  const Kernel alone = build_elementwise(*this, node, slot);
+  int latest_input = -1;  // the last kernel writing a buffer the copy reads
+  std::vector<int> reads;
+  for (size_t b = 1; b < alone.buffers.size(); ++b) {
+    const int w = writer_of_slot[alone.buffers[b].slot];
+    latest_input = std::max(latest_input, w);
+    reads.push_back(alone.buffers[b].slot);
+  }
+  const int n = static_cast<int>(out.kernels.size());
+  for (int kk = n - 1; kk > latest_input && kk >= n - kSiblingWindow; --kk) {
+    const Kernel& k = out.kernels[kk];
+    const Node* primary = graph.nodes[kernel_node_[kk]].get();
+    if (k.kind != KernelKind::Elementwise || !k.side_stores.empty() || primary->shape != node->shape) continue;
+    const bool shares = std::any_of(k.buffers.begin() + 1, k.buffers.end(), [&](const KernelBuffer& b) {
+      return std::find(reads.begin(), reads.end(), b.slot) != reads.end();
+    });
+    if (!shares) continue;
+    Kernel merged = build_elementwise(*this, primary, k.buffers[0].slot, {{node, slot}});
+    // The copy must not read the kernel's own output (another element of it, through a view).
+    const bool reads_output = std::any_of(merged.exprs.begin(), merged.exprs.end(), [](const Expr& e) {
+      return (e.kind == Expr::Kind::Load || e.kind == Expr::Kind::GatherLoad) && e.buffer == 0;
+    });
+    if (reads_output || merged.loops.size() != k.loops.size()) continue;
+    merged.name = k.name;
+    merged.label = k.label;
+    out.kernels[kk] = std::move(merged);
+    return kk;
+  }
+  return -1;
+}
+
 bool Lowerer::build_kernels() {
   std::vector<int> kernel_of(graph.nodes.size(), -1);  // node -> the kernel that writes it
+  std::vector<int> writer_of_slot(out.slots.size(), -1);
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     if (!schedule.materialized[i]) continue;
     const Node* node = graph.nodes[i].get();
     int slot = slot_of.at(node);
     if (add_side_output(node, kernel_of)) {
       kernel_of[i] = kernel_of[position.at(node->inputs[0].get())];
+      writer_of_slot[slot] = kernel_of[i];
+      continue;
+    }
+    if (int kk = add_sibling_output(node, slot, writer_of_slot); kk >= 0) {
+      kernel_of[i] = kk;
+      writer_of_slot[slot] = kk;
       continue;
     }
     Kernel k;
@@ -591,6 +656,8 @@ bool Lowerer::build_kernels() {
     k.name = fmt::format("kiln_k{}", out.kernels.size());
     k.label = node->label;
     kernel_of[i] = static_cast<int>(out.kernels.size());
+    writer_of_slot[slot] = kernel_of[i];
+    kernel_node_.push_back(static_cast<int>(i));
     out.kernels.push_back(std::move(k));
   }
   return true;

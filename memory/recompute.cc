@@ -262,6 +262,31 @@ std::vector<int> choose_cheap_recompute(const std::vector<NodePtr>& nodes, bool 
     for (const NodePtr& in : consumer->inputs)
       if (int p = index.of(in.get()); p >= 0 && index.base[p] >= 0) read_from_memory[index.base[p]] = 1;
   }
+  // Whether the backward's elementwise work evaluates forward value t itself: a backward
+  // elementwise kernel reads t, or a forward elementwise value of t's size computed from it other
+  // than `top` (whose readers will read the copy instead). A GELU's erf is: its backward reads
+  // 1 + erf(x/√2). A copy whose exp or erf is shared so joins that kernel (jit/lower.cc
+  // add_sibling_output) and costs a store, not its transcendental work again.
+  std::vector<std::vector<int>> consumers(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i)
+    for (const NodePtr& in : nodes[i]->inputs)
+      if (int q = index.of(in.get()); q >= 0) consumers[q].push_back(static_cast<int>(i));
+  std::vector<int> frontier, next;
+  auto evaluated_by_backward = [&](int t, int top) {
+    frontier.assign(1, t);
+    for (int depth = 0; depth < 4 && !frontier.empty(); ++depth) {
+      next.clear();
+      for (int q : frontier)
+        for (int c : consumers[q]) {
+          const Node& reader = *nodes[c];
+          if (!is_elementwise(reader.op) || reader.numel() != nodes[t]->numel() || c == top) continue;
+          if (!reader.requires_grad) return true;
+          next.push_back(c);
+        }
+      frontier.swap(next);
+    }
+    return false;
+  };
   std::vector<int> chosen;
   std::vector<char> visited(nodes.size(), 0);
   std::vector<int> touched;
@@ -305,10 +330,14 @@ std::vector<int> choose_cheap_recompute(const std::vector<NodePtr>& nodes, bool 
         if (copied || (via_copy && !n.requires_grad && !n.grad_leaf && op_kind(n.op) != OpKind::Leaf)) cheap = false;
         continue;
       }
+      if (copied && op_kind(n.op) != OpKind::Movement && ++chain > kMaxCheapChain) {
+        cheap = false;
+        break;
+      }
       // Transcendental work is cheap on a few values (the rsqrt of a layer norm's variances), or
-      // where the backward's own kernels would compute the copy anyway.
-      if ((copied && op_kind(n.op) != OpKind::Movement && ++chain > kMaxCheapChain) ||
-          (!transcendental && read_from_memory[s] && is_transcendental(n.op) && n.numel() * 8 > value.numel())) {
+      // where the backward's own kernels compute it anyway: inside themselves, or beside the copy.
+      if (!transcendental && read_from_memory[s] && is_transcendental(n.op) && n.numel() * 8 > value.numel() &&
+          (p == s || !evaluated_by_backward(p, s))) {
         cheap = false;
         break;
       }

@@ -11,7 +11,11 @@ Tensor clip_by_global_norm(std::vector<Tensor>& grads, double max_norm) {
   KILN_CHECK(max_norm > 0, "optim::clip_grad_norm", "max_norm must be positive, got {}", max_norm);
   NoGradGuard no_grad;
   Tensor sum_of_squares;
-  for (const Tensor& g : grads) {
+  // Last parameter first: the step's graph is ordered depth first from this sum, so each layer's
+  // weight gradients then come right after the backward reaches the layer (their deltas die
+  // there) instead of all after the first layer's, which needs the whole backward.
+  for (auto it = grads.rbegin(); it != grads.rend(); ++it) {
+    const Tensor& g = *it;
     if (!g.defined()) continue;
     Tensor s = (g * g).cast(DType::Float32).sum();
     sum_of_squares = sum_of_squares.defined() ? sum_of_squares + s : s;

@@ -182,9 +182,13 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, cons
   grads.clear();
   // A gradient left in p.grad() is realized with the step (PyTorch keeps .grad after step() as
   // well): a pending gradient would still read the old parameter values and so keep the executor
-  // from updating the parameters in place.
-  for (const Tensor& p : parameters())
-    if (p.grad().defined()) outputs.push_back(p.grad());
+  // from updating the parameters in place. Last parameter first: the step's graph is ordered
+  // depth first from its outputs, so each layer's weight gradients then come as soon as the
+  // backward reaches the layer, and its deltas die there, instead of all after the first layer's
+  // gradient, which needs the whole backward.
+  const std::vector<Tensor> params = parameters();
+  for (auto it = params.rbegin(); it != params.rend(); ++it)
+    if (it->grad().defined()) outputs.push_back(it->grad());
   for (const Tensor& t : synced_with_step_)
     if (t.defined() && !t.is_realized()) outputs.push_back(t);
   for (const Tensor& t : extra)

@@ -266,6 +266,10 @@ int main(int argc, char** argv) {
       opt.zero_grad();
       loss.backward();
       opt.step({loss});
+      if (step == 1 && lead)  // the plan of the whole step: forward, backward and update
+        if (auto plan = kiln::memory::last_plan())
+          fmt::print("step plan: {} kernels, arena {}\n", plan->kernels.size(),
+                     kiln::memory::format_bytes(plan->arena_bytes));
       schedule.step();
       loss_value = loss.item();  // this rank's
       const bool evaluate = (step % eval_every == 0 || step == steps) && lead;

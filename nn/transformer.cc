@@ -145,16 +145,58 @@ GPT::GPT(const GPTConfig& c) : Module("GPT"), config_(c) {
                              c.heads(), c.dim(), c.tie_weights()));
 }
 
-Tensor GPT::forward(const Tensor& idx) {
+namespace {
+
+// Token plus positional embedding of (B, T) integer tokens.
+Tensor embed(Embedding& tokens, Embedding& positions, const Tensor& idx) {
   KILN_CHECK(idx.dim() == 2 && is_integral(idx.dtype()), "GPT", "tokens must be integer (B, T), got {}", idx.str());
-  const int64_t t = idx.size(1);
-  KILN_CHECK(t >= 1 && t <= config_.ctx(), "GPT",
+  const int64_t t = idx.size(1), ctx = positions.weight.size(0);
+  KILN_CHECK(t >= 1 && t <= ctx, "GPT",
              "a sequence of {} tokens does not fit the context of {} (the positional table); cut it to at most {}", t,
-             config_.ctx(), config_.ctx());
-  Tensor h = tokens.forward(idx) + positions.forward(iota({t}, 0, DType::Int64).to(idx.device()));
+             ctx, ctx);
+  return tokens.forward(idx) + positions.forward(iota({t}, 0, DType::Int64).to(idx.device()));
+}
+
+// The first and last layers of GPT::as_sequential.
+class GPTEmbeddings : public Module {
+ public:
+  GPTEmbeddings(const Embedding& t, const Embedding& p) : Module("GPTEmbeddings") {
+    tokens = register_module("tokens", t);
+    positions = register_module("positions", p);
+  }
+  Tensor forward(const Tensor& idx) override { return embed(tokens, positions, idx); }
+  Embedding tokens{1, 1}, positions{1, 1};
+};
+
+class GPTHead : public Module {
+ public:
+  GPTHead(const LayerNorm& norm, const Linear& linear) : Module("GPTHead") {
+    ln_f = register_module("ln_f", norm);
+    head = register_module("head", linear);
+  }
+  Tensor forward(const Tensor& h) override { return head.forward(ln_f.forward(h)); }
+  LayerNorm ln_f{1};
+  Linear head{1, 1};
+};
+
+}  // namespace
+
+Tensor GPT::forward(const Tensor& idx) {
+  Tensor h = embed(tokens, positions, idx);
   for (AnyModule& block : blocks) h = config_.checkpoint() ? nn::checkpoint(block, h) : block.forward(h);
   h = ln_f.forward(h);
   return config_.tie_weights() ? matmul(h, transpose(tokens.weight, 0, 1)) : head.forward(h);
+}
+
+Sequential GPT::as_sequential() const {
+  KILN_CHECK(!config_.tie_weights(), "GPT::as_sequential",
+             "the head is tied to the token embedding, and a pipeline puts them on different stages; build the "
+             "GPT with GPTConfig().tie_weights(false)");
+  Sequential layers;
+  layers.push_back(GPTEmbeddings(tokens, positions));
+  for (const AnyModule& block : blocks) layers.push_back(block);
+  layers.push_back(GPTHead(ln_f, head));
+  return layers;
 }
 
 namespace {

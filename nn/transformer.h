@@ -17,6 +17,7 @@
 #include "nn/layers.h"
 #include "nn/module.h"
 #include "nn/module_list.h"
+#include "nn/sequential.h"
 
 namespace kiln::nn {
 
@@ -111,6 +112,11 @@ class GPT : public Module {
   // the last ctx tokens (multinomial). Runs without gradients; returns (B, T0 + steps) int64.
   Tensor generate(const Tensor& prompt, int64_t steps, const GenerateOptions& options = {});
   const GPTConfig& config() const { return config_; }
+  // The model as layers for distributed::Pipeline, aliasing this model's modules: the token and
+  // positional embeddings, each block, then the final LayerNorm with the head (`layers` + 2).
+  // Needs untied weights (GPTConfig().tie_weights(false)): a pipeline holds the embedding and the
+  // head on different stages.
+  Sequential as_sequential() const;
 
   Embedding tokens{1, 1}, positions{1, 1};
   ModuleList blocks;

@@ -7,7 +7,7 @@
 
 namespace kiln::optim {
 
-Tensor clip_by_global_norm(std::vector<Tensor>& grads, double max_norm) {
+Tensor clip_by_global_norm(std::vector<Tensor>& grads, double max_norm, const NormCombiner& across) {
   KILN_CHECK(max_norm > 0, "optim::clip_grad_norm", "max_norm must be positive, got {}", max_norm);
   NoGradGuard no_grad;
   Tensor sum_of_squares;
@@ -20,6 +20,7 @@ Tensor clip_by_global_norm(std::vector<Tensor>& grads, double max_norm) {
     Tensor s = (g * g).cast(DType::Float32).sum();
     sum_of_squares = sum_of_squares.defined() ? sum_of_squares + s : s;
   }
+  if (across) sum_of_squares = across(sum_of_squares.defined() ? sum_of_squares : scalar(0.0).cast(DType::Float32));
   if (!sum_of_squares.defined()) return scalar(0.0);
   Tensor total = sqrt(sum_of_squares);
   Tensor scale = minimum(max_norm / (total + 1e-6), scalar(1.0));  // 0-d

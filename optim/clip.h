@@ -6,6 +6,7 @@
 //   opt.step();
 //   double before = norm.item();  // the norm before clipping (free once the step has run)
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -18,6 +19,9 @@ namespace kiln::optim {
 // float32 0-d tensor (zero when no parameter has a gradient).
 Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 // The same on gradients held in a vector (undefined ones skipped), replaced in place.
-Tensor clip_by_global_norm(std::vector<Tensor>& grads, double max_norm);
+// `across`: turns this process's sum of squares into the whole model's when other processes hold
+// other parameters (a pipeline's stages: an all-reduce over them), so that all clip alike.
+using NormCombiner = std::function<Tensor(const Tensor& sum_of_squares)>;
+Tensor clip_by_global_norm(std::vector<Tensor>& grads, double max_norm, const NormCombiner& across = {});
 
 }  // namespace kiln::optim

@@ -117,7 +117,7 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, cons
   std::vector<std::shared_ptr<GradientReducer>> reducers;
   if (!reduce_gradients(grads, extra, reducers)) return;  // accumulated for a later step
   if (max_grad_norm_ > 0) {
-    last_grad_norm_ = clip_by_global_norm(grads, max_grad_norm_);
+    last_grad_norm_ = clip_by_global_norm(grads, max_grad_norm_, norm_across_);
     extra.push_back(last_grad_norm_);
   }
   // State tensors start as realized zeros, so the first step's graph is the same as every
@@ -199,10 +199,11 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, cons
   for (const auto& reducer : reducers) reducer->after_step();
 }
 
-void Optimizer::clip_grad_norm(double max_norm) {
+void Optimizer::clip_grad_norm(double max_norm, NormCombiner across) {
   KILN_CHECK(max_norm >= 0 && std::isfinite(max_norm), "optim::clip_grad_norm",
              "max_norm must be a finite non-negative number (0: off), got {}", max_norm);
   max_grad_norm_ = max_norm;
+  norm_across_ = std::move(across);
 }
 
 void Optimizer::assign(Tensor& target, const Tensor& value) {

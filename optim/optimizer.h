@@ -22,6 +22,7 @@
 
 #include "core/options.h"
 #include "core/tensor.h"
+#include "optim/clip.h"
 
 namespace kiln {
 class GradientReducer;  // core/autograd.h
@@ -116,8 +117,9 @@ class Optimizer {
   // off), as optim::clip_grad_norm, but after a data-parallel wrapper averaged them: each rank
   // then scales by the same norm, where clip_grad_norm before step() sees the rank's own
   // gradients. The norm before clipping of the last step: last_grad_norm() (a float32 0-d
-  // tensor, realized with the step).
-  void clip_grad_norm(double max_norm);
+  // tensor, realized with the step). `across` (clip.h): when other processes hold the model's
+  // other parameters (pipeline stages), sums their squared norms with this one's.
+  void clip_grad_norm(double max_norm, NormCombiner across = {});
   Tensor last_grad_norm() const { return last_grad_norm_; }
 
  protected:
@@ -150,6 +152,7 @@ class Optimizer {
   std::vector<std::vector<ParamState>> state_;  // [group][index]
   std::vector<Tensor> synced_with_step_;
   double max_grad_norm_ = 0;
+  NormCombiner norm_across_;
   Tensor last_grad_norm_;
   Tensor skip_;                     // set only while update_unless records an update
   std::vector<NodePtr> assigned_;   // the values assign() recorded under skip_

@@ -23,6 +23,16 @@
 // clipping sees the averaged gradients, so every rank takes the same step); rank 0 alone
 // validates, prints, saves and samples.
 //   mpirun -np 2 ./build/samples/train_gpt --data-parallel        # as root: --allow-run-as-root
+//
+// --pipeline P cuts the model into P stages, one per process (distributed::Pipeline over
+// GPT::as_sequential(): the embeddings, the blocks, then the final LayerNorm with the head; the
+// head gets a weight of its own, as the embedding is on the first stage), and trains each batch
+// as --micro-batches micro-batches in a 1F1B order. Every stage draws the same windows; the
+// clipping norm is summed over the stages, so the step is the one a single process would take
+// with an untied head. At the end the stages' weights are gathered so that the last stage saves
+// the whole model (loadable without --pipeline) and samples; each stage's optimizer state stays
+// with it and is not saved.
+//   mpirun -np 2 ./build/samples/train_gpt --pipeline 2 --micro-batches 4
 #include <kiln/kiln.h>
 
 #include <CLI/CLI.hpp>
@@ -106,9 +116,24 @@ std::pair<Tensor, Tensor> sample_batch(const std::vector<int64_t>& data, int64_t
   return {kiln::from_vector<int64_t>(x, {batch, ctx}).to(device), kiln::from_vector<int64_t>(y, {batch, ctx}).to(device)};
 }
 
-Tensor lm_loss(nn::GPT& gpt, const Tensor& x, const Tensor& y) {
-  const int64_t vocab = gpt.config().vocab();
-  return nn::cross_entropy(gpt.forward(x).reshape({-1, vocab}), y.reshape({-1}));
+// Mean next-token cross entropy of logits (B, T, vocab) against targets (B, T).
+Tensor lm_loss_of(const Tensor& logits, const Tensor& y) {
+  return nn::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+}
+
+Tensor lm_loss(nn::GPT& gpt, const Tensor& x, const Tensor& y) { return lm_loss_of(gpt.forward(x), y); }
+
+// After a pipeline's training every process holds the whole model again: each parameter from the
+// stage that trained it (the others contribute zeros to a sum).
+void gather_stages(nn::GPT& gpt, const kiln::distributed::Pipeline& pipe) {
+  const std::vector<Tensor> mine = pipe.parameters();
+  kiln::NoGradGuard no_grad;
+  for (Tensor& p : gpt.parameters()) {
+    const bool owned = std::any_of(mine.begin(), mine.end(), [&](const Tensor& q) { return q.node() == p.node(); });
+    // One parameter per plan: the same collective on every process, whichever holds the value.
+    p.assign(kiln::distributed::all_reduce(owned ? p : kiln::zeros_like(p)));
+    p.realize();
+  }
 }
 
 // The vocabulary in the checkpoint's metadata, as hex: safetensors metadata is JSON text, and
@@ -141,6 +166,7 @@ int main(int argc, char** argv) {
   int64_t steps = 600, batch = 32, ctx = 64, layers = 4, heads = 4, dim = 128, eval_every = 100;
   double lr = 3e-3;
   uint64_t seed = 0;
+  int64_t pipeline = 0, micro_batches = 4;
   bool checkpoint = false, data_parallel = false;
   app.add_option("--text", text_path, "a text file, or a folder whose files are read in sorted order");
   app.add_option("--steps", steps, "training steps (0: only evaluate and sample)")->check(CLI::NonNegativeNumber);
@@ -166,12 +192,26 @@ int main(int argc, char** argv) {
                  "KILN_RECOMPUTE: cheap (the default), elementwise (also GELU outputs) or off")
       ->check(CLI::IsMember({"cheap", "elementwise", "off"}));
   app.add_flag("--data-parallel", data_parallel, "train on every process mpirun starts, gradients averaged");
+  app.add_option("--pipeline", pipeline, "cut the model into this many pipeline stages, one per process (mpirun -np N)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--micro-batches", micro_batches, "micro-batches per step under --pipeline (must divide --batch)")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {
     namespace dist = kiln::distributed;
-    if (data_parallel) dist::init();
-    const bool lead = dist::rank() == 0;  // the rank that validates, prints, saves and samples
+    KILN_CHECK(!(data_parallel && pipeline > 0), "train_gpt", "--data-parallel and --pipeline cannot be combined here; "
+               "choose one");
+    KILN_CHECK(pipeline == 0 || !checkpoint, "train_gpt", "--checkpoint does not apply under --pipeline (a stage's "
+               "blocks are not checkpointed); leave one out");
+    KILN_CHECK(pipeline == 0 || batch % micro_batches == 0, "train_gpt",
+               "--micro-batches {} must divide --batch {}", micro_batches, batch);
+    if (data_parallel || pipeline > 0) dist::init();
+    KILN_CHECK(pipeline == 0 || dist::world_size() == pipeline, "train_gpt",
+               "--pipeline {} needs {} processes (mpirun -np {}), this run has {}", pipeline, pipeline, pipeline,
+               dist::world_size());
+    // The rank that validates, prints, saves and samples: the last stage, which has the loss.
+    const bool lead = pipeline > 0 ? dist::rank() == pipeline - 1 : dist::rank() == 0;
     kiln::manual_seed(seed);
     if (!budget.empty()) kiln::flags().set("memory_budget", budget);
     if (!recompute.empty()) kiln::flags().set("recompute", recompute);
@@ -198,13 +238,25 @@ int main(int argc, char** argv) {
     }
     const Corpus corpus = tokenize(text, vocab);
     const int64_t vocab_size = static_cast<int64_t>(corpus.vocab.size());
-    nn::GPT gpt(nn::GPTConfig().vocab(vocab_size).ctx(ctx).layers(layers).heads(heads).dim(dim).checkpoint(checkpoint));
+    // A pipeline holds the embedding and the head on different stages: the head is its own weight.
+    const bool tied = pipeline == 0 && (!meta.count("tied") || meta["tied"] == "1");
+    KILN_CHECK(pipeline == 0 || !meta.count("tied") || meta["tied"] == "0", "train_gpt",
+               "{} has a head tied to the token embedding, and --pipeline puts them on different stages; train a "
+               "model for the pipeline from scratch (without --load)", load_path);
+    nn::GPT gpt(nn::GPTConfig().vocab(vocab_size).ctx(ctx).layers(layers).heads(heads).dim(dim).checkpoint(checkpoint)
+                    .tie_weights(tied));
     gpt.to(run_on);
-    optim::AdamW opt(gpt.parameters(), optim::AdamWOptions(lr).betas(0.9, 0.95).weight_decay(0.1));
-    opt.clip_grad_norm(1.0);  // after data parallel's averaging, so every rank clips alike
+    if (!load_path.empty()) nn::load(gpt, load_path);
+    std::optional<dist::Pipeline> pipe;
+    if (pipeline > 0)
+      pipe.emplace(gpt.as_sequential(), dist::PipelineOptions().micro_batches(micro_batches));
+    // Under a pipeline each stage updates its own parameters; the clipping norm is the model's.
+    optim::AdamW opt(pipe ? pipe->parameters() : gpt.parameters(),
+                     optim::AdamWOptions(lr).betas(0.9, 0.95).weight_decay(0.1));
+    if (pipe) opt.clip_grad_norm(1.0, [](const Tensor& sum_of_squares) { return dist::all_reduce(sum_of_squares); });
+    else opt.clip_grad_norm(1.0);  // after data parallel's averaging, so every rank clips alike
     if (!load_path.empty()) {
-      nn::load(gpt, load_path);
-      if (std::filesystem::exists(optimizer_path(load_path))) optim::load(opt, optimizer_path(load_path));
+      if (!pipe && std::filesystem::exists(optimizer_path(load_path))) optim::load(opt, optimizer_path(load_path));
       opt.set_lr(lr);
       if (lead) fmt::print("loaded {}\n", load_path);
     }
@@ -221,12 +273,16 @@ int main(int argc, char** argv) {
                  static_cast<double>(parameters) / 1e6);
       if (data_parallel)
         fmt::print("data parallel: {} processes, {} windows per step ({} each)\n", world, batch * world, batch);
+      if (pipe)
+        fmt::print("pipeline: {} stages (layers {} of embeddings, {} blocks, head), {} micro-batches of {}\n",
+                   pipe->stages(), fmt::join(pipe->stage_bounds(), "|"), layers, micro_batches, batch / micro_batches);
     }
 
     const int64_t warmup = std::max<int64_t>(1, steps / 10);
     auto cosine = std::make_shared<optim::CosineAnnealingLR>(opt, std::max<int64_t>(1, steps - warmup), lr / 10);
     optim::LinearWarmup schedule(opt, warmup, cosine);
-    std::mt19937_64 rng(seed + static_cast<uint64_t>(dist::rank()));  // each rank its own windows
+    // Data parallel: each rank its own windows; a pipeline's stages all read the same batch.
+    std::mt19937_64 rng(seed + static_cast<uint64_t>(pipe ? 0 : dist::rank()));
     auto validate = [&] {
       kiln::NoGradGuard no_grad;
       gpt.eval();
@@ -234,7 +290,14 @@ int main(int argc, char** argv) {
       double total = 0;
       for (int i = 0; i < 8; ++i) {
         auto [x, y] = sample_batch(corpus.val, batch, ctx, fixed, run_on);
-        total += lm_loss(gpt, x, y).item();
+        if (!pipe) {
+          total += lm_loss(gpt, x, y).item();
+        } else {  // every stage runs its part; the last has the logits
+          pipe->eval();
+          const Tensor logits = pipe->forward(x);
+          if (pipe->is_last()) total += lm_loss_of(logits, y).item();
+          pipe->train();
+        }
       }
       gpt.train();
       return total / 8;
@@ -255,25 +318,28 @@ int main(int argc, char** argv) {
         if (amp != "none") autocast.emplace(amp == "bf16" ? kiln::DType::BFloat16 : kiln::DType::Float16);
         std::optional<kiln::CompressActivationsGuard> int8;
         if (compress == "int8") int8.emplace(true);
-        loss = lm_loss(gpt, x, y);
+        if (pipe) loss = pipe->train_step(opt, x, y, lm_loss_of);  // forward, backward and update
+        else loss = lm_loss(gpt, x, y);
       }
-      if (step == 1 && lead) {  // what the step keeps for its backward (planned, not run)
+      if (step == 1 && lead && !pipe) {  // what the step keeps for its backward (planned, not run)
         const kiln::jit::SavedForBackward saved = kiln::jit::saved_for_backward(loss, gpt.parameters());
         using kiln::memory::format_bytes;
         fmt::print("saved for the backward: activations {}, the batch {}, weights {}\n", format_bytes(saved.activations),
                    format_bytes(saved.inputs), format_bytes(saved.weights));
       }
-      opt.zero_grad();
-      loss.backward();
-      opt.step({loss});
+      if (!pipe) {
+        opt.zero_grad();
+        loss.backward();
+        opt.step({loss});
+      }
       if (step == 1 && lead)  // the plan of the whole step: forward, backward and update
         if (auto plan = kiln::memory::last_plan())
           fmt::print("step plan: {} kernels, arena {}\n", plan->kernels.size(),
                      kiln::memory::format_bytes(plan->arena_bytes));
       schedule.step();
-      loss_value = loss.item();  // this rank's
+      if (lead) loss_value = loss.item();  // this rank's
       const bool evaluate = (step % eval_every == 0 || step == steps) && lead;
-      if (evaluate) val = validate();
+      if ((step % eval_every == 0 || step == steps) && (lead || pipe)) val = validate();  // all stages of a pipeline
       if (csv.is_open()) csv << fmt::format("{},{:.6f},{}\n", step, loss_value, evaluate ? fmt::format("{:.6f}", val) : "");
       if (lead && (step % 10 == 0 || evaluate)) {
         double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -283,15 +349,23 @@ int main(int argc, char** argv) {
                    kiln::memory::format_bytes(kiln::memory::allocated_bytes()));
       }
     }
+    if (steps == 0) {
+      const double loss0 = validate();  // every stage of a pipeline takes part
+      if (lead) fmt::print("validation loss {:.4f}\n", loss0);
+    }
+    if (pipe) gather_stages(gpt, *pipe);
     if (!lead) return 0;
-    if (steps == 0) fmt::print("validation loss {:.4f}\n", validate());
     if (!save_path.empty()) {
       // The vocabulary, so that --load decodes the same bytes, and the shape it rebuilds.
       nn::save(gpt, save_path, {{"vocab", to_hex(corpus.vocab)}, {"ctx", std::to_string(ctx)},
                                 {"layers", std::to_string(layers)}, {"heads", std::to_string(heads)},
-                                {"dim", std::to_string(dim)}});
-      optim::save(opt, optimizer_path(save_path));
-      fmt::print("saved {} and {}\n", save_path, optimizer_path(save_path));
+                                {"dim", std::to_string(dim)}, {"tied", tied ? "1" : "0"}});
+      if (pipe) {
+        fmt::print("saved {} (the optimizer's state stays with each stage under --pipeline)\n", save_path);
+      } else {
+        optim::save(opt, optimizer_path(save_path));
+        fmt::print("saved {} and {}\n", save_path, optimizer_path(save_path));
+      }
     }
     // 200 bytes from the model, after a newline.
     const int64_t newline = static_cast<int64_t>(corpus.vocab.find('\n'));

@@ -397,3 +397,44 @@ TEST_CASE("a pipeline whose last stage compresses its activations keeps its orde
     if (pipe.is_last()) CHECK(loss.item() == Approx(expected.item()).epsilon(2e-2));
   }
 }
+
+TEST_CASE("a GPT cut into stages trains like one process, clipping by the whole model's norm",
+          "[pipeline][distributed][train]") {
+  dist::init();
+  // Untied: the embedding is on the first stage, the head on the last.
+  const nn::GPTConfig config = nn::GPTConfig().vocab(11).ctx(8).layers(2).heads(2).dim(16).tie_weights(false);
+  manual_seed(17);
+  nn::GPT whole(config);
+  manual_seed(17);
+  nn::GPT cut(config);
+  dist::Pipeline pipe(cut.as_sequential(), dist::PipelineOptions().micro_batches(2));
+  // A small max_norm, so that every step clips: a stage clipping by its own norm would differ.
+  const optim::AdamOptions options = optim::AdamWOptions(1e-2).weight_decay(0.1);
+  optim::AdamW opt(pipe.parameters(), options), reference(whole.parameters(), options);
+  opt.clip_grad_norm(0.05, [](const Tensor& sum_of_squares) { return dist::all_reduce(sum_of_squares); });
+  reference.clip_grad_norm(0.05);
+  auto lm = [](const Tensor& logits, const Tensor& y) {
+    return nn::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+  };
+  for (int step = 0; step < 3; ++step) {
+    manual_seed(900 + static_cast<uint64_t>(step));
+    auto tokens = [] { return (rand({4, 8}) * 11).cast(DType::Int64).realize(); };  // 0 ... 10
+    Tensor x = tokens(), y = tokens();
+    Tensor loss = pipe.train_step(opt, x, y, lm);
+    Tensor expected = lm(whole.forward(x), y);
+    reference.zero_grad();
+    expected.backward();
+    reference.step({expected});
+    if (pipe.is_last()) CHECK(loss.item() == Approx(expected.item()).epsilon(1e-5));
+  }
+  CHECK(reference.last_grad_norm().item() > 0.05);  // the steps did clip
+  std::map<std::string, Tensor> full;
+  for (const auto& [name, p] : whole.as_sequential().named_parameters()) full[name] = p;
+  for (const auto& [name, p] : pipe.named_parameters()) {
+    INFO("parameter " << name << " on stage " << pipe.stage());
+    REQUIRE(full.count(name) == 1);
+    const std::vector<float> got = p.to_vector<float>(), want = full[name].to_vector<float>();
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).margin(1e-5));
+  }
+  CHECK_THROWS_WITH(nn::GPT(nn::GPTConfig()).as_sequential(), Catch::Contains("tie_weights(false)"));
+}

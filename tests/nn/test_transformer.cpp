@@ -119,6 +119,30 @@ TEST_CASE("scaled_dot_product_attention matches a loop reference and passes grad
   CHECK_THROWS_WITH(nn::scaled_dot_product_attention(q, k, uniform({1, t + 1, d}, -1, 1, 1)), Catch::Contains("(..., Tk, dv)"));
 }
 
+TEST_CASE("attention with dropout: a fixed seed gives one mask, its gradients pass gradcheck", "[transformer][gradcheck]") {
+  const int64_t t = 5, d = 3;
+  Tensor q = uniform({1, t, d}, -1, 1, 21), k = uniform({1, t, d}, -1, 1, 22), v = uniform({1, t, d}, -1, 1, 23);
+  for (bool causal : {false, true}) {
+    INFO("causal " << causal);
+    auto f = [causal](const Inputs& in) {
+      manual_seed(99);  // the same dropout mask at every evaluation
+      return nn::scaled_dot_product_attention(in[0], in[1], in[2], {}, 0.4, causal);
+    };
+    auto result = gradcheck(f, {q, k, v});
+    INFO(result.report);
+    CHECK(result.ok);
+    // Dropout did something (the output is not the plain attention's), and the same seed draws
+    // the same mask again.
+    const std::vector<double> plain = reference_attention(q.to_doubles(), k.to_doubles(), v.to_doubles(), t, d, causal);
+    const std::vector<double> dropped = f({q, k, v}).to_doubles();
+    double apart = 0;
+    for (size_t i = 0; i < plain.size(); ++i) apart = std::max(apart, std::abs(dropped[i] - plain[i]));
+    CHECK(apart > 1e-3);
+    manual_seed(99);
+    CHECK(nn::scaled_dot_product_attention(q, k, v, {}, 0.4, causal).to_doubles() == dropped);  // reproducible
+  }
+}
+
 TEST_CASE("ModuleList registers what is pushed, as children 0, 1, ...", "[transformer][module]") {
   struct Net : nn::Module {
     Net() : Module("Net") {

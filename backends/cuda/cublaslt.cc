@@ -22,6 +22,7 @@
 #include "memory/allocator.h"
 #include "backends/cuda/cuda_runtime.h"
 #include "backends/cuda/library_common.h"
+#include "backends/cuda/shared_library.h"
 
 #if KILN_WITH_CUDA
 #include <cublasLt.h>
@@ -47,13 +48,39 @@ std::string describe_matmul(int device, DType t, const int64_t a_strides[3], con
 
 #if KILN_WITH_CUDA
 
+#define KILN_CUBLASLT_FUNCTIONS(X)                                                                       \
+  X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtGetStatusName) X(cublasLtGetStatusString) X(cublasLtMatmul) \
+  X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy)               \
+  X(cublasLtMatmulDescSetAttribute) X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy)     \
+  X(cublasLtMatmulPreferenceSetAttribute)                                                                  \
+  X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy) X(cublasLtMatrixLayoutSetAttribute)
+
+// cuBLASLt's functions, resolved when the first CUDA matmul runs (backends/cuda/shared_library.h).
+struct CublasLtApi {
+#define KILN_MEMBER(f) decltype(&::f) f = nullptr;
+  KILN_CUBLASLT_FUNCTIONS(KILN_MEMBER)
+#undef KILN_MEMBER
+};
+
+const CublasLtApi& lt() {
+  static const CublasLtApi api = [] {
+    static const SharedLibrary library("cuBLASLt", {KILN_CUBLASLT_LIBRARY, KILN_CUBLASLT_SONAME});
+    CublasLtApi table;
+#define KILN_FILL(f) KILN_RESOLVE(library, table, f);
+    KILN_CUBLASLT_FUNCTIONS(KILN_FILL)
+#undef KILN_FILL
+    return table;
+  }();
+  return api;
+}
+
 // NVIDIA's suggested cuBLASLt workspace for Hopper; one per device, kept for the process.
 constexpr size_t kMatmulWorkspaceBytes = size_t{32} << 20;
 
 template <class Describe>
 void check_cublas(cublasStatus_t s, const char* call, const Describe& describe) {
   if (s != CUBLAS_STATUS_SUCCESS)
-    KILN_FAIL(kMatmulOp, "{} failed: {} ({}); {}", call, cublasLtGetStatusName(s), cublasLtGetStatusString(s),
+    KILN_FAIL(kMatmulOp, "{} failed: {} ({}); {}", call, lt().cublasLtGetStatusName(s), lt().cublasLtGetStatusString(s),
               describe());
 }
 
@@ -169,10 +196,10 @@ struct MatmulPlan {
   MatmulPlan(const MatmulPlan&) = delete;
   MatmulPlan& operator=(const MatmulPlan&) = delete;
   ~MatmulPlan() {
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
+    if (c) lt().cublasLtMatrixLayoutDestroy(c);
+    if (b) lt().cublasLtMatrixLayoutDestroy(b);
+    if (a) lt().cublasLtMatrixLayoutDestroy(a);
+    if (op) lt().cublasLtMatmulDescDestroy(op);
   }
 };
 
@@ -190,10 +217,10 @@ struct MatmulDevice {
 template <class Describe>
 std::unique_ptr<MatmulDevice> make_matmul_device(int device, const Describe& describe) {
   auto d = std::make_unique<MatmulDevice>();
-  check_cublas(cublasLtCreate(&d->handle), "cublasLtCreate", describe);
+  check_cublas(lt().cublasLtCreate(&d->handle), "cublasLtCreate", describe);
   d->workspace = cuda::device_malloc(device, kMatmulWorkspaceBytes);
   if (d->workspace == nullptr) {
-    cublasLtDestroy(d->handle);
+    lt().cublasLtDestroy(d->handle);
     KILN_FAIL(kMatmulOp, "cuda:{} has no {} left for cuBLASLt's workspace; free tensors or call "
               "kiln::empty_cache()", device, memory::format_bytes(kMatmulWorkspaceBytes));
   }
@@ -215,12 +242,12 @@ LastingCache<std::pair<int, MatmulKey>, MatmulPlan>& matmul_plans() {
 template <class Describe>
 void make_layout(cublasLtMatrixLayout_t& layout, cudaDataType_t type, uint64_t rows, uint64_t cols, int64_t ld,
                  int64_t batch, int64_t batch_stride, const Describe& describe) {
-  check_cublas(cublasLtMatrixLayoutCreate(&layout, type, rows, cols, ld), "cublasLtMatrixLayoutCreate", describe);
+  check_cublas(lt().cublasLtMatrixLayoutCreate(&layout, type, rows, cols, ld), "cublasLtMatrixLayoutCreate", describe);
   if (batch == 1) return;
   const int32_t count = static_cast<int32_t>(batch);
-  check_cublas(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+  check_cublas(lt().cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
                "cublasLtMatrixLayoutSetAttribute (batch count)", describe);
-  check_cublas(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride,
+  check_cublas(lt().cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride,
                                                 sizeof(batch_stride)),
                "cublasLtMatrixLayoutSetAttribute (batch stride)", describe);
 }
@@ -245,23 +272,23 @@ std::unique_ptr<MatmulPlan> make_matmul_plan(cublasLtHandle_t handle, DType t, c
   auto plan = std::make_unique<MatmulPlan>();
   const cudaDataType_t type = cuda_type(t);
   const cudaDataType_t scale = t == DType::Float64 ? CUDA_R_64F : CUDA_R_32F;
-  check_cublas(cublasLtMatmulDescCreate(&plan->op, compute, scale), "cublasLtMatmulDescCreate", describe);
+  check_cublas(lt().cublasLtMatmulDescCreate(&plan->op, compute, scale), "cublasLtMatmulDescCreate", describe);
   const LibraryOperand la = library_operand(va, M, K), lb = library_operand(vb, K, N);
   // op(first) must be B^T (N, K) and op(second) A^T (K, M).
-  check_cublas(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &lb.op, sizeof(lb.op)),
+  check_cublas(lt().cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &lb.op, sizeof(lb.op)),
                "cublasLtMatmulDescSetAttribute (TRANSA)", describe);
-  check_cublas(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &la.op, sizeof(la.op)),
+  check_cublas(lt().cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &la.op, sizeof(la.op)),
                "cublasLtMatmulDescSetAttribute (TRANSB)", describe);
   make_layout(plan->a, type, la.rows, la.cols, va.ld, batch, va.batch_stride, describe);
   make_layout(plan->b, type, lb.rows, lb.cols, vb.ld, batch, vb.batch_stride, describe);
   make_layout(plan->c, type, static_cast<uint64_t>(N), static_cast<uint64_t>(M), N, batch, M * N, describe);
 
   cublasLtMatmulPreference_t preference = nullptr;
-  check_cublas(cublasLtMatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate", describe);
+  check_cublas(lt().cublasLtMatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate", describe);
   std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, cublasStatus_t (*)(cublasLtMatmulPreference_t)> guard(
-      preference, cublasLtMatmulPreferenceDestroy);
+      preference, lt().cublasLtMatmulPreferenceDestroy);
   const uint64_t workspace = kMatmulWorkspaceBytes;
-  check_cublas(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+  check_cublas(lt().cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
                                                     sizeof(workspace)),
                "cublasLtMatmulPreferenceSetAttribute (workspace)", describe);
   // cuBLASLt's A is kiln's B; C and D are both kiln's C.
@@ -271,12 +298,12 @@ std::unique_ptr<MatmulPlan> make_matmul_plan(cublasLtHandle_t handle, DType t, c
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align[2]},
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align[2]}};
   for (const auto& [attribute, bytes] : alignments)
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &bytes, sizeof(bytes)),
+    check_cublas(lt().cublasLtMatmulPreferenceSetAttribute(preference, attribute, &bytes, sizeof(bytes)),
                  "cublasLtMatmulPreferenceSetAttribute (alignment)", describe);
 
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  check_cublas(cublasLtMatmulAlgoGetHeuristic(handle, plan->op, plan->b, plan->a, plan->c, plan->c, preference, 1,
+  check_cublas(lt().cublasLtMatmulAlgoGetHeuristic(handle, plan->op, plan->b, plan->a, plan->c, plan->c, preference, 1,
                                               &result, &found),
                "cublasLtMatmulAlgoGetHeuristic", describe);
   KILN_CHECK(found > 0, kMatmulOp, "cuBLASLt's heuristic has no algorithm for this problem; {}", describe());
@@ -326,7 +353,7 @@ void run_matmul(int device, DType t, const void* a, const int64_t a_strides[3], 
   const double one_d = 1.0, zero_d = 0.0;
   const void* alpha = t == DType::Float64 ? static_cast<const void*>(&one_d) : &one_f;
   const void* beta = t == DType::Float64 ? static_cast<const void*>(&zero_d) : &zero_f;
-  check_cublas(cublasLtMatmul(dev.handle, plan.op, alpha, b, plan.b, a, plan.a, beta, c, plan.c, c, plan.c,
+  check_cublas(lt().cublasLtMatmul(dev.handle, plan.op, alpha, b, plan.b, a, plan.a, beta, c, plan.c, c, plan.c,
                               &plan.algo, dev.workspace, kMatmulWorkspaceBytes, stream),
                "cublasLtMatmul", describe);
 }
@@ -336,6 +363,14 @@ void run_matmul(int device, DType t, const void* a, const int64_t a_strides[3], 
 }  // namespace
 
 bool cublaslt_supports_matmul(DType t) { return KILN_WITH_CUDA && is_matmul_dtype(t); }
+
+void cublaslt_load() {
+#if KILN_WITH_CUDA
+  (void)lt();
+#else
+  KILN_FAIL(kMatmulOp, "kiln was built without the CUDA toolkit (CMake did not find CUDAToolkit)");
+#endif
+}
 
 void cublaslt_matmul(int device, DType t, const void* a, const int64_t a_strides[3], const void* b,
             const int64_t b_strides[3], void* c, int64_t batch, int64_t M, int64_t K, int64_t N) {

@@ -20,6 +20,11 @@ namespace kiln::cuda {
 // that is kiln::cuda::available().
 bool cublaslt_supports_matmul(DType t);
 
+// Maps cuBLASLt and resolves every function kiln calls, as the first CUDA matmul does (kiln loads
+// it on first use: backends/cuda/shared_library.h). Throws kiln::Error naming the library when it
+// cannot be loaded, or when kiln was built without the CUDA toolkit.
+void cublaslt_load();
+
 // C[b] = A[b] @ B[b] for b in [0, batch) on cuda:device, accumulating in fp32 (fp64 for float64).
 //   a: (batch, M, K) at element strides a_strides = {batch, row, col}; batch stride 0 broadcasts
 //   b: (batch, K, N) at element strides b_strides = {batch, row, col}

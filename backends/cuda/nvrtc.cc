@@ -17,6 +17,7 @@
 #include "backends/cpu/compiler.h"
 #include "jit/disk_cache.h"
 #include "jit/stats.h"
+#include "backends/cuda/shared_library.h"
 
 #if KILN_WITH_CUDA
 #include <nvrtc.h>
@@ -33,6 +34,30 @@ namespace fs = std::filesystem;
 
 namespace {
 
+#define KILN_NVRTC_FUNCTIONS(X)                                                                        \
+  X(nvrtcCompileProgram) X(nvrtcCreateProgram) X(nvrtcDestroyProgram) X(nvrtcGetCUBIN) X(nvrtcGetCUBINSize) \
+  X(nvrtcGetErrorString) X(nvrtcGetPTX) X(nvrtcGetPTXSize) X(nvrtcGetProgramLog) X(nvrtcGetProgramLogSize)  \
+  X(nvrtcVersion)
+
+// NVRTC's functions, resolved when the first CUDA kernel is compiled (backends/cuda/shared_library.h).
+struct NvrtcApi {
+#define KILN_MEMBER(f) decltype(&::f) f = nullptr;
+  KILN_NVRTC_FUNCTIONS(KILN_MEMBER)
+#undef KILN_MEMBER
+};
+
+const NvrtcApi& rtc() {
+  static const NvrtcApi api = [] {
+    static const SharedLibrary library("NVRTC", {KILN_NVRTC_LIBRARY, KILN_NVRTC_SONAME});
+    NvrtcApi table;
+#define KILN_FILL(f) KILN_RESOLVE(library, table, f);
+    KILN_NVRTC_FUNCTIONS(KILN_FILL)
+#undef KILN_FILL
+    return table;
+  }();
+  return api;
+}
+
 // NVRTC's options besides -arch; every one is part of the cache key. Multiply-add contraction is
 // off, as the host build's -ffp-contract=off, so both backends round each operation alike (Philox
 // normals match bit for bit).
@@ -44,7 +69,7 @@ constexpr int kMaxLogLines = 60;
 #define KILN_NVRTC_CHECK(call)                                                                   \
   do {                                                                                           \
     nvrtcResult result_ = (call);                                                                \
-    KILN_CHECK(result_ == NVRTC_SUCCESS, "nvrtc", "{} failed: {}", #call, nvrtcGetErrorString(result_)); \
+    KILN_CHECK(result_ == NVRTC_SUCCESS, "nvrtc", "{} failed: {}", #call, rtc().nvrtcGetErrorString(result_)); \
   } while (0)
 
 std::string read_file(const fs::path& path) {
@@ -72,9 +97,9 @@ std::string cubin_problem(const std::string& image) {
 
 std::string program_log(nvrtcProgram program) {
   size_t size = 0;
-  if (nvrtcGetProgramLogSize(program, &size) != NVRTC_SUCCESS || size == 0) return "";
+  if (rtc().nvrtcGetProgramLogSize(program, &size) != NVRTC_SUCCESS || size == 0) return "";
   std::string log(size, '\0');
-  nvrtcGetProgramLog(program, log.data());
+  rtc().nvrtcGetProgramLog(program, log.data());
   if (!log.empty() && log.back() == '\0') log.pop_back();
   return log;
 }
@@ -100,22 +125,22 @@ std::string compile(const std::string& source, const std::string& arch, const fs
   std::vector<const char*> option_pointers;
   for (const std::string& o : options) option_pointers.push_back(o.c_str());
   nvrtcProgram program;
-  KILN_NVRTC_CHECK(nvrtcCreateProgram(&program, source.c_str(), source_path.filename().c_str(), 0, nullptr, nullptr));
-  const nvrtcResult result = nvrtcCompileProgram(program, static_cast<int>(option_pointers.size()), option_pointers.data());
+  KILN_NVRTC_CHECK(rtc().nvrtcCreateProgram(&program, source.c_str(), source_path.filename().c_str(), 0, nullptr, nullptr));
+  const nvrtcResult result = rtc().nvrtcCompileProgram(program, static_cast<int>(option_pointers.size()), option_pointers.data());
   std::string image;
   const bool ptx = arch.rfind("compute_", 0) == 0;  // a virtual architecture: PTX text
   if (result == NVRTC_SUCCESS) {
     size_t size = 0;
-    ptx ? nvrtcGetPTXSize(program, &size) : nvrtcGetCUBINSize(program, &size);
+    ptx ? rtc().nvrtcGetPTXSize(program, &size) : rtc().nvrtcGetCUBINSize(program, &size);
     image.resize(size);
-    if (size > 0) ptx ? nvrtcGetPTX(program, image.data()) : nvrtcGetCUBIN(program, image.data());
+    if (size > 0) ptx ? rtc().nvrtcGetPTX(program, image.data()) : rtc().nvrtcGetCUBIN(program, image.data());
     if (ptx && !image.empty() && image.back() == '\0') image.pop_back();
   }
   const std::string log = program_log(program);
-  nvrtcDestroyProgram(&program);
+  rtc().nvrtcDestroyProgram(&program);
   KILN_CHECK(result == NVRTC_SUCCESS && !image.empty(), "nvrtc",
              "NVRTC failed on a module of {} CUDA function(s) for {} ({}); source saved at {}\n{}", function_count, arch,
-             nvrtcGetErrorString(result), source_path.string(), first_lines(log, kMaxLogLines));
+             rtc().nvrtcGetErrorString(result), source_path.string(), first_lines(log, kMaxLogLines));
   return image;
 }
 
@@ -135,7 +160,7 @@ bool nvrtc_available() { return true; }
 
 std::string nvrtc_version() {
   int major = 0, minor = 0;
-  KILN_NVRTC_CHECK(nvrtcVersion(&major, &minor));
+  KILN_NVRTC_CHECK(rtc().nvrtcVersion(&major, &minor));
   return fmt::format("{}.{}", major, minor);
 }
 

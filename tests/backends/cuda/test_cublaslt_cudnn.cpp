@@ -8,6 +8,7 @@
 #include <cmath>
 #include <iterator>
 #include <cstddef>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <random>
@@ -22,6 +23,7 @@
 #include "backends/cuda/cuda_runtime.h"
 #include "backends/cuda/cublaslt.h"
 #include "backends/cuda/cudnn.h"
+#include "backends/cuda/nvrtc.h"
 #include "tests/backends/matmul_layouts.h"
 
 using kiln::DType;
@@ -388,4 +390,27 @@ TEST_CASE("cuda::cudnn_conv2d with tf32, and empty batches", "[cuda][device]") {
   kiln::cuda::cudnn_conv2d(0, ConvPass::BackwardWeight, DType::Float32, empty, dummy->data, dummy->data, dw->data);
   const auto zeros = to_host(*dw, static_cast<size_t>(w_count(empty)) * sizeof(float));
   for (int64_t i = 0; i < w_count(empty); ++i) CHECK(at(zeros, DType::Float32, i) == 0.0);
+}
+
+namespace {
+// Whether a library whose file name contains `name` is mapped into this process.
+bool mapped(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);)
+    if (line.find(name) != std::string::npos) return true;
+  return false;
+}
+}  // namespace
+
+TEST_CASE("cuBLASLt and NVRTC are mapped on first use, with every function kiln calls", "[cuda]") {
+  // (That a CPU-only program maps neither is the ctest entry cpu_only.no_cuda_libraries: this
+  // process may have compiled CUDA kernels in an earlier test.)
+#if KILN_WITH_CUDA
+  kiln::cuda::cublaslt_load();
+  CHECK(mapped("libcublasLt"));
+  CHECK_FALSE(kiln::cuda::nvrtc_version().empty());
+  CHECK(mapped("libnvrtc"));
+#else
+  CHECK_THROWS_WITH(kiln::cuda::cublaslt_load(), Catch::Contains("without the CUDA toolkit"));
+#endif
 }

@@ -154,8 +154,8 @@ FashionMnist::FashionMnist(const std::string& dir, Split split, FashionMnistOpti
     scale /= options_.stddev_;
     shift = -options_.mean_ / options_.stddev_;
   }
-  images_.resize(images.data.size());
-  for (size_t i = 0; i < images.data.size(); ++i) images_[i] = images.data[i] * scale + shift;
+  for (int b = 0; b < 256; ++b) value_[b] = static_cast<float>(b) * scale + shift;
+  pixels_ = std::move(images.data);
   labels_.resize(labels.data.size());
   for (size_t i = 0; i < labels.data.size(); ++i) {
     KILN_CHECK(labels.data[i] < kClasses, "FashionMnist", "{}: label {} at index {} is outside 0..9", paths[1],
@@ -169,7 +169,8 @@ Shape FashionMnist::input_shape() const {
 }
 
 void FashionMnist::read(int64_t index, float* input, int64_t* target) const {
-  std::memcpy(input, images_.data() + index * kRows * kCols, kRows * kCols * sizeof(float));
+  const uint8_t* pixel = pixels_.data() + index * kRows * kCols;
+  for (int64_t i = 0; i < kRows * kCols; ++i) input[i] = value_[pixel[i]];
   *target = labels_[index];
 }
 

@@ -45,6 +45,9 @@ struct FashionMnistOptions {
 };
 
 // Fashion-MNIST: 28x28 grey images as float32 in [0, 1] (or normalized), labels int64 in 0..9.
+// The images stay in memory as the bytes the files hold (47 MB for the training split, not 188 MB
+// of floats); read() turns an example's bytes into floats (a 256-entry table) as the loader
+// gathers a batch.
 class FashionMnist : public Dataset {
  public:
   static constexpr int64_t kRows = 28, kCols = 28, kClasses = 10;
@@ -56,13 +59,15 @@ class FashionMnist : public Dataset {
   Shape input_shape() const override;
   void read(int64_t index, float* input, int64_t* target) const override;
 
-  const std::vector<float>& images() const { return images_; }   // (N, 784)
-  const std::vector<int64_t>& labels() const { return labels_; }  // (N)
+  const std::vector<uint8_t>& pixels() const { return pixels_; }  // (N, 784), as in the files
+  float value(uint8_t pixel) const { return value_[pixel]; }       // what read() gives for a pixel
+  const std::vector<int64_t>& labels() const { return labels_; }   // (N)
   static const char* class_name(int64_t label);                   // "T-shirt/top", ...
 
  private:
   FashionMnistOptions options_;
-  std::vector<float> images_;
+  std::vector<uint8_t> pixels_;
+  float value_[256] = {};  // pixel byte -> its scaled (and normalized) float
   std::vector<int64_t> labels_;
 };
 

@@ -389,7 +389,9 @@ TEST_CASE("FashionMnist reads a split from synthetic files, gzip or plain", "[da
   REQUIRE(train.size() == 6);
   CHECK(train.input_shape() == kiln::Shape{784});
   CHECK(train.labels() == std::vector<int64_t>{0, 1, 2, 3, 4, 5});
-  CHECK(train.images()[5 * 784 + 100] == Approx(50.0f / 255.0f));
+  CHECK(train.pixels()[5 * 784 + 100] == 50);  // kept as the file's bytes
+  CHECK(train.value(50) == Approx(50.0f / 255.0f));
+  CHECK(train.get(5).input.to_vector<float>()[100] == Approx(50.0f / 255.0f));
   Example e = train.get(2);
   CHECK(e.input.shape() == kiln::Shape{784});
   CHECK(e.input.to_vector<float>()[0] == Approx(20.0f / 255.0f));
@@ -398,7 +400,7 @@ TEST_CASE("FashionMnist reads a split from synthetic files, gzip or plain", "[da
   FashionMnist test(dir.path.string(), Split::Test, FashionMnistOptions().image_shape().normalize());
   REQUIRE(test.size() == 3);
   CHECK(test.input_shape() == kiln::Shape{1, 28, 28});
-  CHECK(test.images()[784] == Approx((10.0f / 255.0f - 0.2860f) / 0.3530f));
+  CHECK(test.get(1).input.to_vector<float>()[0] == Approx((10.0f / 255.0f - 0.2860f) / 0.3530f));
   DataLoader loader(test, DataLoaderOptions(2).shuffle(false));
   std::vector<kiln::Shape> shapes;
   for (Batch& b : loader) shapes.push_back(b.input.shape());
@@ -457,10 +459,10 @@ TEST_CASE("Fashion-MNIST from the Debian package, when installed", "[data]") {
   CHECK(train.size() == 60000);
   CHECK(test.size() == 10000);
   CHECK(train.input_shape() == kiln::Shape{784});
-  CHECK(train.images().size() == size_t{60000} * 784);
-  auto [lo, hi] = std::minmax_element(train.images().begin(), train.images().end());
-  CHECK(*lo == 0.0f);
-  CHECK(*hi == 1.0f);
+  CHECK(train.pixels().size() == size_t{60000} * 784);
+  auto [lo, hi] = std::minmax_element(train.pixels().begin(), train.pixels().end());
+  CHECK(train.value(*lo) == 0.0f);
+  CHECK(train.value(*hi) == 1.0f);
   std::vector<int64_t> counts(10, 0);
   for (int64_t label : train.labels()) {
     REQUIRE((label >= 0 && label < 10));

@@ -557,8 +557,8 @@ bool Lowerer::add_side_output(const Node* node, const std::vector<int>& kernel_o
 // A recomputed copy (memory/recompute.h) of the shape of an earlier elementwise kernel that reads
 // the same saved values (a GELU's backward, and the GELU's output recomputed for the next
 // layer's weight gradient) becomes that kernel's second output: the loads and the erf are done
-// once, and the copy costs a store. Only where everything the copy reads is written before that
-// kernel, so moving the copy's work earlier reads the same values.
+// once, and the copy costs a store. Only a backward kernel, and only where everything the copy
+// reads is written before it, so moving the copy's work earlier reads the same values.
 int Lowerer::add_sibling_output(const Node* node, int slot, const std::vector<int>& writer_of_slot) {
   if (!node->recompute || !is_elementwise(node->op) || node->realized()) return -1;
   const Kernel alone = build_elementwise(*this, node, slot);
@@ -573,7 +573,10 @@ int Lowerer::add_sibling_output(const Node* node, int slot, const std::vector<in
   for (int kk = n - 1; kk > latest_input && kk >= n - kSiblingWindow; --kk) {
     const Kernel& k = out.kernels[kk];
     const Node* primary = graph.nodes[kernel_node_[kk]].get();
-    if (k.kind != KernelKind::Elementwise || !k.side_stores.empty() || primary->shape != node->shape) continue;
+    // A forward kernel would make the copy before the backward starts, and keep it through.
+    if (k.kind != KernelKind::Elementwise || !k.side_stores.empty() || primary->shape != node->shape ||
+        primary->requires_grad)
+      continue;
     const bool shares = std::any_of(k.buffers.begin() + 1, k.buffers.end(), [&](const KernelBuffer& b) {
       return std::find(reads.begin(), reads.end(), b.slot) != reads.end();
     });

@@ -32,6 +32,88 @@ class PositionSet {
   std::vector<char> in_;
   std::priority_queue<int, std::vector<int>, std::greater<int>> heap_;
 };
+// Whether `from` depends on `target` (through pending inputs).
+bool depends_on(int from, int target, const std::vector<std::vector<int>>& ins, std::vector<int>& stamp, int mark) {
+  std::vector<int> stack{from};
+  while (!stack.empty()) {
+    const int i = stack.back();
+    stack.pop_back();
+    if (i == target) return true;
+    if (i < target || stamp[i] == mark) continue;  // inputs come before their readers
+    stamp[i] = mark;
+    for (int p : ins[i]) stack.push_back(p);
+  }
+  return false;
+}
+
+// A recomputed copy whose work a backward elementwise node of its shape also does from the same
+// saved values (the GELU's output, recomputed beside the GELU's backward, which reads the same
+// pre-activation) is made by that node's kernel (jit/lower.cc add_sibling_output), which only
+// looks back: the copy's readers (the next layer's weight gradient) wait for that node.
+void wait_for_siblings(const std::vector<NodePtr>& nodes, const std::vector<std::vector<int>>& ins,
+                       const std::vector<std::vector<int>>& consumers, const std::vector<char>& lazy,
+                       std::vector<std::vector<int>>& unblocks, std::vector<int>& unsatisfied) {
+  const int n = static_cast<int>(nodes.size());
+  std::vector<int> stamp(n, -1), frontier, next;
+  int marks = 0;
+  for (int x = 0; x < n; ++x) {
+    const Node& copy = *nodes[x];
+    if (!copy.recompute || !is_elementwise(copy.op)) continue;
+    // The non-lazy values the copy's chain reads (its sources), through other copies.
+    std::vector<int> sources, stack(ins[x].begin(), ins[x].end());
+    for (const int mark = marks++; !stack.empty();) {
+      const int p = stack.back();
+      stack.pop_back();
+      if (stamp[p] == mark) continue;
+      stamp[p] = mark;
+      if (nodes[p]->recompute) stack.insert(stack.end(), ins[p].begin(), ins[p].end());
+      else if (!lazy[p] && nodes[p]->numel() == copy.numel()) sources.push_back(p);
+    }
+    // A backward elementwise reader of a source, directly or through forward values of its size.
+    int sibling = -1;
+    frontier = sources;
+    for (int depth = 0; depth < 4 && sibling < 0 && !frontier.empty(); ++depth) {
+      next.clear();
+      for (int q : frontier)
+        for (int c : consumers[q]) {
+          const Node& reader = *nodes[c];
+          if (lazy[c] || !is_elementwise(reader.op) || reader.numel() != copy.numel()) continue;
+          if (!reader.requires_grad) {
+            sibling = c;
+            break;
+          }
+          next.push_back(c);
+        }
+      frontier.swap(next);
+    }
+    if (sibling < 0) continue;
+    // Up to the value the kernel stores: the reader's chain of backward elementwise values of the
+    // copy's size, each the one reader of the one before (what the scheduler fuses into one kernel).
+    for (;;) {
+      const std::vector<int>& readers = consumers[sibling];
+      if (readers.size() != 1) break;
+      const Node& reader = *nodes[readers[0]];
+      if (lazy[readers[0]] || !is_elementwise(reader.op) || reader.requires_grad || reader.numel() != copy.numel()) break;
+      sibling = readers[0];
+    }
+    // The copy's readers, through views of it (a weight gradient's matmul reads it transposed).
+    std::vector<int> readers, views{x};
+    while (!views.empty()) {
+      const int v = views.back();
+      views.pop_back();
+      for (int c : consumers[v]) {
+        if (op_kind(nodes[c]->op) == OpKind::Movement) views.push_back(c);
+        else if (!lazy[c]) readers.push_back(c);
+      }
+    }
+    for (int c : readers) {
+      if (c == sibling || depends_on(sibling, c, ins, stamp, marks++)) continue;
+      unblocks[sibling].push_back(c);
+      unsatisfied[c]++;
+    }
+  }
+}
+
 }  // namespace
 
 void order_for_recompute(std::vector<NodePtr>& nodes) {
@@ -95,6 +177,7 @@ void order_for_recompute(std::vector<NodePtr>& nodes) {
       unblocks[i].push_back(it->second);
       unsatisfied[it->second]++;
     });
+  wait_for_siblings(nodes, ins, consumers, lazy, unblocks, unsatisfied);
   std::vector<char> emitted(n, 0);
   // By DFS position. urgent: compressed copies of saved values (memory/compress.h), which let
   // the full-width value go once its forward readers are done.

@@ -255,6 +255,7 @@ constexpr double kWidth = 960, kHeight = 560;
 constexpr double kLeft = 90, kRight = 20, kTop = 56, kBottom = 62;
 constexpr double kPlotWidth = kWidth - kLeft - kRight, kPlotHeight = kHeight - kTop - kBottom;
 constexpr double kGoldenAngle = 137.50776;  // degrees: consecutive hues stay far apart
+constexpr size_t kTimelineNamed = 6;        // buffers the timeline names
 
 }  // namespace
 
@@ -372,6 +373,172 @@ std::string arena_svg(const PlanLayout& layout) {
       kTop + kPlotHeight / 2);
   out += "</svg>\n";
   return out;
+}
+
+namespace {
+// "#rrggbb" of a hue in degrees and saturation, lightness in [0, 1] (some SVG viewers lack hsl()).
+std::string hsl_to_hex(double hue, double saturation, double lightness) {
+  const double c = (1 - std::abs(2 * lightness - 1)) * saturation;
+  const double h = hue / 60, x = c * (1 - std::abs(std::fmod(h, 2.0) - 1)), m = lightness - c / 2;
+  double r = 0, g = 0, b = 0;
+  if (h < 1) r = c, g = x;
+  else if (h < 2) r = x, g = c;
+  else if (h < 3) g = c, b = x;
+  else if (h < 4) g = x, b = c;
+  else if (h < 5) r = x, b = c;
+  else r = c, b = x;
+  auto byte = [m](double v) { return static_cast<int>(std::lround(255 * (v + m))); };
+  return fmt::format("#{:02x}{:02x}{:02x}", byte(r), byte(g), byte(b));
+}
+}  // namespace
+
+std::string timeline_svg(const PlanLayout& layout) {
+  const std::vector<PlannedBuffer>& buffers = layout.buffers;
+  const size_t n = buffers.size();
+  const int kernels = std::max<int>(1, static_cast<int>(layout.kernels.size()));
+  // Buffers that hand their memory on in place form one chain, live from its first buffer's
+  // kernel to its last one's, holding its largest (aligned) size: as the planner counts them, so
+  // the peak below is the plan's lower bound.
+  struct Chain {
+    int first = 0, last = 0;
+    int64_t bytes = 0;
+    std::vector<size_t> members;
+  };
+  std::vector<Chain> chains;
+  std::vector<int> chain_of(n, -1);
+  for (size_t i = 0; i < n; ++i) {
+    const PlannedBuffer& b = buffers[i];
+    const int p = b.in_place_of;
+    const int64_t bytes = (b.bytes + 63) / 64 * 64;
+    if (p >= 0 && static_cast<size_t>(p) < i && buffers[p].offset == b.offset && chain_of[p] >= 0) {
+      Chain& c = chains[chain_of[p]];
+      c.last = std::max(c.last, b.last);
+      c.bytes = std::max(c.bytes, bytes);
+      c.members.push_back(i);
+      chain_of[i] = chain_of[p];
+    } else {
+      chain_of[i] = static_cast<int>(chains.size());
+      chains.push_back({b.first, b.last, bytes, {i}});
+    }
+  }
+  std::vector<int64_t> live(static_cast<size_t>(kernels) + 1, 0);
+  for (const Chain& c : chains)
+    for (int k = std::max(0, c.first); k <= std::min(c.last, kernels - 1); ++k) live[k] += c.bytes;
+  const int peak = static_cast<int>(std::max_element(live.begin(), live.end() - 1) - live.begin());
+  const int64_t top_bytes = std::max<int64_t>(live[peak], 1);
+  // The largest chains live at the peak, largest first: drawn as bands from the bottom up.
+  std::vector<int> named;
+  for (size_t c = 0; c < chains.size(); ++c)
+    if (chains[c].first <= peak && peak <= chains[c].last) named.push_back(static_cast<int>(c));
+  std::stable_sort(named.begin(), named.end(), [&](int a, int b) { return chains[a].bytes > chains[b].bytes; });
+  if (named.size() > kTimelineNamed) named.resize(kTimelineNamed);
+  auto x_of = [&](double kernel) { return kLeft + kPlotWidth * kernel / kernels; };
+  auto y_of = [&](int64_t bytes) { return kTop + kPlotHeight - kPlotHeight * static_cast<double>(bytes) / top_bytes; };
+  // The buffer of a chain that is live at kernel k (its maker names the band).
+  auto member_at = [&](const Chain& c, int k) {
+    for (size_t i : c.members)
+      if (buffers[i].first <= k && k <= buffers[i].last) return i;
+    return c.members.front();
+  };
+
+  std::string out;
+  auto svg = std::back_inserter(out);
+  fmt::format_to(svg,
+                 "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
+                 "font-family=\"sans-serif\" font-size=\"12\">\n",
+                 kWidth, kHeight);
+  const std::string heading =
+      n == 0 ? std::string("Live bytes per kernel: no intermediates")
+             : fmt::format("Live bytes per kernel: peak {} at kernel {} of {} ({})", format_bytes(live[peak]), peak,
+                           layout.kernels.size(), peak < static_cast<int>(layout.kernels.size()) ? layout.kernels[peak] : "");
+  fmt::format_to(svg, "<title>{}</title>\n", xml_escape(heading));
+  fmt::format_to(svg, "<rect class=\"frame\" x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"white\"/>\n", kWidth,
+                 kHeight);
+  fmt::format_to(svg,
+                 "<rect class=\"frame\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#f6f6f6\" "
+                 "stroke=\"#444\"/>\n",
+                 kLeft, kTop, kPlotWidth, kPlotHeight);
+  fmt::format_to(svg,
+                 "<text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"15\" font-weight=\"bold\">{}</text>\n",
+                 kWidth / 2, xml_escape(heading));
+  fmt::format_to(svg,
+                 "<text x=\"{}\" y=\"42\" text-anchor=\"middle\" fill=\"#555\">the plan's intermediates live during "
+                 "each kernel (grey); in colour, the largest buffers live at the peak, named by the kernel that makes "
+                 "them</text>\n",
+                 kWidth / 2);
+  if (n == 0) {
+    fmt::format_to(svg, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" fill=\"#555\">no intermediates</text>\n",
+                   kLeft + kPlotWidth / 2, kTop + kPlotHeight / 2);
+    out += "</svg>\n";
+    return out;
+  }
+  // Every live byte: a step outline over the kernels.
+  std::string points = fmt::format("{:.2f},{:.2f}", x_of(0), y_of(0));
+  for (int k = 0; k < kernels; ++k)
+    points += fmt::format(" {0:.2f},{2:.2f} {1:.2f},{2:.2f}", x_of(k), x_of(k + 1), y_of(live[k]));
+  points += fmt::format(" {:.2f},{:.2f}", x_of(kernels), y_of(0));
+  fmt::format_to(svg, "<polygon class=\"live\" points=\"{}\" fill=\"#c8c8c8\" stroke=\"#888\"/>\n", points);
+  // The named buffers, stacked from the bottom in order of size over their lifetimes.
+  std::vector<int64_t> base(static_cast<size_t>(kernels), 0);
+  for (size_t r = 0; r < named.size(); ++r) {
+    const Chain& c = chains[named[r]];
+    const int first = std::max(0, c.first), last = std::min(c.last, kernels - 1);
+    std::string upper, lower;
+    for (int k = first; k <= last; ++k) {
+      upper += fmt::format("{0:.2f},{2:.2f} {1:.2f},{2:.2f} ", x_of(k), x_of(k + 1), y_of(base[k] + c.bytes));
+      lower = fmt::format("{1:.2f},{2:.2f} {0:.2f},{2:.2f} ", x_of(k), x_of(k + 1), y_of(base[k])) + lower;
+      base[k] += c.bytes;
+    }
+    const std::string colour = hsl_to_hex(std::fmod(static_cast<double>(r) * kGoldenAngle, 360.0), 0.65, 0.55);
+    const PlannedBuffer& b = buffers[member_at(c, peak)];
+    const std::string name = fmt::format("{} made by kernel {} ({}), live kernels {}..{}", format_bytes(b.bytes),
+                                         b.first, b.made_by, c.first, c.last);
+    fmt::format_to(svg,
+                   "<polygon class=\"buffer\" points=\"{}{}\" fill=\"{}\" stroke=\"white\" "
+                   "stroke-width=\"0.5\"><title>{}</title></polygon>\n",
+                   upper, lower, colour, xml_escape(name));
+    // Its legend line, top right.
+    const double y = kTop + 18 + 16 * static_cast<double>(r);
+    fmt::format_to(svg,
+                   "<rect x=\"{}\" y=\"{:.2f}\" width=\"10\" height=\"10\" fill=\"{}\"/>"
+                   "<text x=\"{}\" y=\"{:.2f}\" text-anchor=\"end\">{}</text>\n",
+                   kLeft + kPlotWidth - 20, y - 9, colour, kLeft + kPlotWidth - 26, y, xml_escape(name));
+  }
+  // The peak.
+  const double px = (x_of(peak) + x_of(peak + 1)) / 2;
+  fmt::format_to(svg,
+                 "<line class=\"peak\" x1=\"{0:.2f}\" y1=\"{1}\" x2=\"{0:.2f}\" y2=\"{2}\" stroke=\"#c00\" "
+                 "stroke-dasharray=\"6 4\"/>\n<text x=\"{3:.2f}\" y=\"{4}\" text-anchor=\"{5}\" fill=\"#c00\">peak {6}</text>\n",
+                 px, kTop, kTop + kPlotHeight, px + (px > kLeft + kPlotWidth * 0.8 ? -4 : 4), kTop + kPlotHeight - 6,
+                 px > kLeft + kPlotWidth * 0.8 ? "end" : "start", xml_escape(format_bytes(live[peak])));
+  int step = std::max(1, (kernels + 15) / 16);
+  for (int k = 0; k <= kernels; k += step) {
+    const double x = x_of(k);
+    std::string tip = k < static_cast<int>(layout.kernels.size()) ? xml_escape(layout.kernels[k]) : "end";
+    fmt::format_to(svg,
+                   "<line x1=\"{0:.2f}\" y1=\"{1}\" x2=\"{0:.2f}\" y2=\"{2}\" stroke=\"#444\"/>"
+                   "<text x=\"{0:.2f}\" y=\"{3}\" text-anchor=\"middle\">{4}<title>{5}</title></text>\n",
+                   x, kTop + kPlotHeight, kTop + kPlotHeight + 5, kTop + kPlotHeight + 18, k, tip);
+  }
+  for (int t = 0; t <= 4; ++t) {
+    const int64_t bytes = top_bytes * t / 4;
+    const double y = y_of(bytes);
+    fmt::format_to(svg,
+                   "<line x1=\"{0}\" y1=\"{1:.2f}\" x2=\"{2}\" y2=\"{1:.2f}\" stroke=\"#444\"/>"
+                   "<text x=\"{3}\" y=\"{4:.2f}\" text-anchor=\"end\">{5}</text>\n",
+                   kLeft - 5, y, kLeft, kLeft - 8, y + 4, xml_escape(format_bytes(bytes)));
+  }
+  fmt::format_to(svg, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">kernel index (run order)</text>\n",
+                 kLeft + kPlotWidth / 2, kHeight - 16);
+  fmt::format_to(
+      svg, "<text x=\"18\" y=\"{0}\" text-anchor=\"middle\" transform=\"rotate(-90 18 {0})\">live bytes</text>\n",
+      kTop + kPlotHeight / 2);
+  out += "</svg>\n";
+  return out;
+}
+
+void write_timeline_svg(const std::string& path, const PlanLayout& layout) {
+  write_text_file(path, timeline_svg(layout), "write_timeline_svg");
 }
 
 void write_arena_svg(const std::string& path, const PlanLayout& layout) {

@@ -8,6 +8,7 @@
 //   kiln::memory::stop_trace();
 //   kiln::memory::export_trace("step.json");            // open in ui.perfetto.dev or chrome://tracing
 //   kiln::memory::write_last_plan_svg("arena.svg");     // open in a browser; hover a buffer
+//   kiln::memory::write_timeline_svg("live.svg", *kiln::memory::last_plan());  // live bytes per kernel
 #pragma once
 #include <string>
 
@@ -38,5 +39,13 @@ std::string arena_svg(const PlanLayout& layout);
 void write_arena_svg(const std::string& path, const PlanLayout& layout);
 // arena_svg of last_plan(); throws kiln::Error if nothing has been realized yet.
 void write_last_plan_svg(const std::string& path);
+
+// An SVG timeline of a plan's memory, as PyTorch's memory_viz draws one: the bytes of
+// intermediates live during each kernel (in-place pairs counted once, so the peak is the plan's
+// lower bound), the peak marked with its kernel, and the largest buffers live at the peak (up to
+// six) as coloured bands over their lifetimes, named by the kernel that makes each (one
+// <polygon class="buffer"> per named buffer, with a legend line and a hover title).
+std::string timeline_svg(const PlanLayout& layout);
+void write_timeline_svg(const std::string& path, const PlanLayout& layout);
 
 }  // namespace kiln::memory

@@ -14,6 +14,9 @@
 // norm 1, dropout 0; batches of --batch random windows of --ctx + 1 bytes. Every --eval-every
 // steps it prints the mean loss over 8 validation batches.
 //
+// --memory-report DIR writes the training step's memory: report.txt (memory::report()),
+// trace.json of steps 3 to 5, arena.svg and timeline.svg (samples/step_recorder.h).
+//
 // --save PATH writes the weights and, next to them, the optimizer's state (gpt.safetensors ->
 // gpt.optim.safetensors) with the vocabulary in the weights' metadata; --load PATH reads them
 // back, with the model's shape it recorded. --device cuda trains on cuda:0.
@@ -34,6 +37,8 @@
 // with it and is not saved.
 //   mpirun -np 2 ./build/samples/train_gpt --pipeline 2 --micro-batches 4
 #include <kiln/kiln.h>
+
+#include "samples/step_recorder.h"
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -162,7 +167,7 @@ std::string optimizer_path(const std::string& path) {
 int main(int argc, char** argv) {
   CLI::App app{"Train a character-level GPT on a text file with kiln"};
   std::string text_path = "/usr/share/common-licenses", device = "cpu", save_path, load_path, csv_path, amp = "none",
-              budget, compress = "none", recompute;
+              budget, compress = "none", recompute, memory_report;
   int64_t steps = 600, batch = 32, ctx = 64, layers = 4, heads = 4, dim = 128, eval_every = 100;
   double lr = 3e-3;
   uint64_t seed = 0;
@@ -181,6 +186,8 @@ int main(int argc, char** argv) {
   app.add_option("--save", save_path, "write the weights (safetensors) and the optimizer state next to them");
   app.add_option("--load", load_path, "start from these weights (and their optimizer state, if saved)");
   app.add_option("--log-csv", csv_path, "write step,loss,val_loss per step to this CSV file");
+  app.add_option("--memory-report", memory_report,
+                 "write the training step's memory into this folder: report.txt, trace.json, arena.svg, timeline.svg");
   app.add_option("--device", device, "cpu, or cuda (cuda:0; KILN_CUDA_EMULATOR=1 emulates one)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--amp", amp, "mixed precision: none, bf16 or fp16 (autocast)")->check(CLI::IsMember({"none", "bf16", "fp16"}));
@@ -308,9 +315,11 @@ int main(int argc, char** argv) {
       KILN_CHECK(csv.good(), "train_gpt", "cannot write {}", csv_path);
       csv << "step,loss,val_loss\n";
     }
+    kiln::samples::StepRecorder recorder("", memory_report);
     auto start = std::chrono::steady_clock::now();
     double loss_value = 0, val = 0;
     for (int64_t step = 1; step <= steps; ++step) {
+      recorder.before(step - 1);
       auto [x, y] = sample_batch(corpus.train, batch, ctx, rng, run_on);
       Tensor loss;
       {
@@ -337,6 +346,7 @@ int main(int argc, char** argv) {
           fmt::print("step plan: {} kernels, arena {}\n", plan->kernels.size(),
                      kiln::memory::format_bytes(plan->arena_bytes));
       schedule.step();
+      recorder.after(step);
       if (lead) loss_value = loss.item();  // this rank's
       const bool evaluate = (step % eval_every == 0 || step == steps) && lead;
       if ((step % eval_every == 0 || step == steps) && (lead || pipe)) val = validate();  // all stages of a pipeline
@@ -349,6 +359,7 @@ int main(int argc, char** argv) {
                    kiln::memory::format_bytes(kiln::memory::allocated_bytes()));
       }
     }
+    recorder.finish();
     if (steps == 0) {
       const double loss0 = validate();  // every stage of a pipeline takes part
       if (lead) fmt::print("validation loss {:.4f}\n", loss0);

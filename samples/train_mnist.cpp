@@ -49,6 +49,9 @@
 //
 // --trace FILE writes steps 3 to 5 as a Chrome trace (ui.perfetto.dev): kernels by row (a
 // pipeline stage's forward, backward, update; messages and the waits for them), memory counters.
+// --memory-report DIR writes the training step's memory: report.txt (memory::report()),
+// trace.json, arena.svg (where each buffer of the step's plan lives) and timeline.svg (bytes live
+// during each kernel, the peak and the largest buffers there; samples/step_recorder.h).
 //
 // --device cuda trains on cuda:0: the model moves there once, each batch is copied there before
 // its forward (the data set stays in host memory), and the step runs as CUDA kernels and
@@ -56,6 +59,7 @@
 #include <kiln/kiln.h>
 
 #include "samples/mnist_models.h"
+#include "samples/step_recorder.h"
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -99,32 +103,6 @@ static int64_t parameter_bytes(nn::Module& model) {
   for (const Tensor& p : model.parameters()) bytes += p.numel() * static_cast<int64_t>(kiln::dtype_size(p.dtype()));
   return bytes;
 }
-
-// --trace FILE: the kernels of steps 3 to 5 (compiled and cached by then) as a Chrome trace
-// (memory::export_trace; open it in ui.perfetto.dev); under mpirun one file per process
-// (trace.json -> trace.rank1.json).
-class StepTracer {
- public:
-  explicit StepTracer(std::string path) : path_(std::move(path)) {}
-  void before(int64_t step) {
-    if (!path_.empty() && step == 2) kiln::memory::start_trace();
-  }
-  void after(int64_t steps_done) {
-    if (steps_done == 5) finish();
-  }
-  // Writes the file if the trace is still open (a run of fewer than 5 steps).
-  void finish() {
-    if (path_.empty() || !kiln::memory::tracing()) return;
-    kiln::memory::stop_trace();
-    const int world = kiln::distributed::world_size();
-    const std::string path = world > 1 ? suffixed(path_, fmt::format("rank{}", kiln::distributed::rank())) : path_;
-    kiln::memory::export_trace(path);
-    fmt::print("\nwrote the trace of steps 3 to 5 to {}\n", path);
-  }
-
- private:
-  std::string path_;
-};
 
 static double evaluate(nn::Module& model, const data::Dataset& test, kiln::Device device) {
   KILN_CHECK(test.size() > 0, "train_mnist", "the test set is empty: there is nothing to measure accuracy on");
@@ -200,7 +178,7 @@ struct Settings {
   int64_t pipeline = 0, micro_batches = 8;
   std::string schedule = "1f1b";
   int64_t tensor_parallel = 0;
-  std::string trace_path;
+  std::string trace_path, memory_report;
   int quantize = 0;
   std::string compress_activations = "none";
 };
@@ -230,7 +208,7 @@ static void print_saved(nn::Module& model, const Tensor& x, const Tensor& labels
 static void fit(const Settings& settings, const data::Dataset& train_set, const data::Dataset& test) {
   const auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir,
                amp, seed, data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule, tensor_parallel,
-               trace_path, quantize, compress_activations] = settings;
+               trace_path, memory_report, quantize, compress_activations] = settings;
   const kiln::Device run_on = device == "cuda" ? kiln::Device::cuda(0) : kiln::Device::cpu();
   namespace dist = kiln::distributed;
   const bool lead = dist::rank() == 0;  // the rank that prints and saves
@@ -279,7 +257,7 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
     csv << "step,loss\n";
   }
 
-  StepTracer tracer(trace_path);
+  kiln::samples::StepRecorder tracer(trace_path, memory_report);
   int64_t global_step = 0, trained_examples = 0;
   double accuracy = 0, train_seconds = 0;  // training steps only: evaluation excluded
   for (int epoch = 1; epoch <= epochs && global_step != max_steps; ++epoch) {
@@ -409,7 +387,7 @@ static void fit_pipeline(const Settings& settings, const data::Dataset& train_se
   if (settings.max_steps >= 0) total_steps = std::min(total_steps, settings.max_steps);
   kiln::optim::CosineAnnealingLR schedule(optimizer, std::max<int64_t>(total_steps, 1));
   auto loss_fn = [](const Tensor& logits, const Tensor& labels) { return nn::cross_entropy(logits, labels); };
-  StepTracer tracer(settings.trace_path);
+  kiln::samples::StepRecorder tracer(settings.trace_path, settings.memory_report);
   int64_t global_step = 0, peak_live = 0, arena = 0;
   double step_seconds = 0, waited = 0;  // after the first step (which compiles)
   for (int epoch = 1; epoch <= settings.epochs && global_step != settings.max_steps; ++epoch) {
@@ -476,7 +454,7 @@ int main(int argc, char** argv) {
   Settings s;
   auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir, amp, seed,
          data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule, tensor_parallel, trace_path,
-         quantize, compress_activations] = s;
+         memory_report, quantize, compress_activations] = s;
   app.add_option("--epochs", epochs, "passes over the training set")->check(CLI::PositiveNumber);
   app.add_option("--max-steps", max_steps, "stop after this many steps in all (-1: no limit)");
   app.add_option("--batch", batch_size, "examples per step")->check(CLI::PositiveNumber);
@@ -514,6 +492,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"int8", "none"}));
   app.add_option("--trace", trace_path,
                  "write steps 3 to 5 as a Chrome trace (one file per process under mpirun: FILE.rankN.json)");
+  app.add_option("--memory-report", memory_report,
+                 "write the training step's memory into this folder: report.txt, trace.json, arena.svg, timeline.svg");
   CLI11_PARSE(app, argc, argv);
 
   if (device == "cuda" && !kiln::cuda::available()) {

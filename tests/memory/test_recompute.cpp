@@ -327,6 +327,7 @@ struct MlpBlockStep {
   int64_t recomputed_bytes = 0;
   std::string report;
   size_t kernels = 0;  // of the step's plan
+  int64_t arena = 0;
   int joined = 0;      // recomputed copies stored by a backward kernel that does other work too
 };
 MlpBlockStep mlp_block_step(const std::string& recompute) {
@@ -355,6 +356,7 @@ MlpBlockStep mlp_block_step(const std::string& recompute) {
   sync(grads);
   out.recomputed = memory::last_plan()->recomputed_values;
   out.recomputed_bytes = memory::last_plan()->recomputed_bytes;
+  out.arena = memory::last_plan()->arena_bytes;
   out.report = memory::report();
   for (const Tensor& t : grads) out.grads.push_back(t.to_vector<float>());
   return out;
@@ -384,6 +386,8 @@ TEST_CASE("cheap recomputation: layer norm and GELU outputs are recomputed, grad
   // of its own.
   CHECK(cheap.joined >= 2);
   CHECK(cheap.kernels <= off.kernels);
+  // And the plan holds fewer bytes at its peak: the copies are made in the backward, not kept.
+  CHECK(cheap.arena < off.arena);
   // The recomputed values are read after the originals' buffers died and were reused.
   FlagsGuard guard;
   flags().debug_memory = true;

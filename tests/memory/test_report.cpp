@@ -154,3 +154,32 @@ TEST_CASE("report: the arena SVG of an empty plan has only the frame", "[report]
   CHECK(count(svg, "<rect") == 2);
   CHECK(svg.find("no intermediates") != std::string::npos);
 }
+
+TEST_CASE("report: the timeline SVG peaks at the plan's lower bound and names the largest buffers there",
+          "[report]") {
+  TrainedMlp m = trained_mlp();
+  auto last = memory::last_plan();
+  REQUIRE(last != nullptr);
+  REQUIRE(!last->buffers.empty());
+  const std::string svg = memory::timeline_svg(*last);
+  REQUIRE(svg.rfind("<svg", 0) == 0);
+  CHECK(count(svg, "<svg") == 1);
+  CHECK(count(svg, "<title>") == count(svg, "</title>"));
+  // The peak is the planner's lower bound (the most bytes live during one kernel).
+  CHECK(svg.find("peak " + memory::format_bytes(last->lower_bound) + " at kernel") != std::string::npos);
+  // The largest buffers live at the peak, as many as are live there (at most six), each named by
+  // the kernel that makes it.
+  const size_t bands = count(svg, "<polygon class=\"buffer\"");
+  CHECK(bands >= 1);
+  CHECK(bands <= 6);
+  CHECK(count(svg, "made by kernel") == 2 * bands);  // a hover title and a legend line each
+  CHECK(count(svg, "<polygon class=\"live\"") == 1);
+  CHECK(count(svg, "class=\"peak\"") == 1);
+
+  const std::string path = temp_path("live.svg");
+  memory::write_timeline_svg(path, *last);
+  CHECK(read_file(path) == svg);
+  std::filesystem::remove(path);
+  CHECK_THROWS_AS(memory::write_timeline_svg("/nonexistent-kiln-dir/sub/live.svg", *last), Error);
+  CHECK(memory::timeline_svg(memory::PlanLayout{}).find("no intermediates") != std::string::npos);
+}

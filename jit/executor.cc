@@ -231,8 +231,13 @@ void note_recomputed(const memory::RecomputeRewrite& rewrite, size_t values, Rec
   sum.elements += rewrite.copied_elements;
 }
 
-// The budget pass's choices by graph key and budget: positions of the nodes to recompute.
-std::unordered_map<std::string, std::vector<int>> g_recompute_choices;
+// The budget pass's choices by graph key and budget: positions of the nodes to recompute, and
+// why the budget is not met when it is not (the choice is then the smallest arena found).
+struct BudgetChoice {
+  std::vector<int> dropped;
+  std::string missed;
+};
+std::unordered_map<std::string, BudgetChoice> g_recompute_choices;
 
 // Under KILN_MEMORY_BUDGET: rewires `graph` so that its plan fits (memory/recompute.h) and
 // collects it again. The rewritten graph has a key of its own, so its plan is cached apart.
@@ -248,13 +253,23 @@ void fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& graph,
     if (arena > budget)
       choice = memory::choose_recompute(graph.nodes, budget, arena, budget_text,
                                         [&] { return planned_arena(collect_pending(targets)); });
+    // A budget nothing meets: run at the smallest arena found, saying so once per graph (the
+    // choice is cached), or stop there under KILN_MEMORY_BUDGET_STRICT=1 (checked on every use).
+    if (!choice.missed.empty() && !flags().memory_budget_strict)
+      fmt::print(stderr, "kiln: warning: {}; running at {} (KILN_MEMORY_BUDGET_STRICT=1 makes this an error)\n",
+                 choice.missed, memory::format_bytes(choice.arena_bytes));
     if (flags().log >= 1 && !choice.dropped.empty())
       fmt::print(stderr, "[kiln] memory budget {}: arena {} -> {}, recomputing {} activations\n",
                  memory::format_bytes(budget), memory::format_bytes(arena), memory::format_bytes(choice.arena_bytes),
                  choice.dropped.size());
-    it = g_recompute_choices.emplace(choice_key, std::move(choice.dropped)).first;
+    it = g_recompute_choices.emplace(choice_key, BudgetChoice{std::move(choice.dropped), std::move(choice.missed)}).first;
   }
-  std::vector<int> dropped = it->second;
+  if (!it->second.missed.empty() && flags().memory_budget_strict) {
+    const std::string missed = it->second.missed;
+    if (!flags().plan_cache) g_recompute_choices.erase(it);
+    KILN_FAIL("memory_budget", "{}", missed);
+  }
+  std::vector<int> dropped = it->second.dropped;
   if (!flags().plan_cache) g_recompute_choices.erase(it);  // decide again next time
   if (dropped.empty()) return;
   note_recomputed(memory::apply_recompute(graph.nodes, dropped), dropped.size(), recomputed);

@@ -225,12 +225,13 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
       best_k = k;
     }
   }
-  KILN_FAIL("memory_budget",
-            "KILN_MEMORY_BUDGET={} allows a {} arena but this plan needs {}; recomputing forward activations "
-            "(keeping every k-th of the {} saved for the backward, k = 2..{}) gets it down to {} at best{}. Raise "
-            "the budget, make the batch smaller, or mark segments by hand with kiln::checkpoint",
-            budget_text, format_bytes(budget), format_bytes(unconstrained_arena), count, max_k,
-            format_bytes(best.arena_bytes), best_k > 1 ? fmt::format(" (k = {})", best_k) : "");
+  best.missed = fmt::format(
+      "KILN_MEMORY_BUDGET={} allows a {} arena but this plan needs {}; recomputing forward activations "
+      "(keeping every k-th of the {} saved for the backward, k = 2..{}) gets it down to {} at best{}. Raise "
+      "the budget, make the batch smaller, or mark segments by hand with kiln::checkpoint",
+      budget_text, format_bytes(budget), format_bytes(unconstrained_arena), count, max_k,
+      format_bytes(best.arena_bytes), best_k > 1 ? fmt::format(" (k = {})", best_k) : "");
+  return best;
 }
 
 namespace {

@@ -52,6 +52,7 @@ int64_t budget_bytes(const std::string& budget, int64_t unconstrained_arena);
 struct RecomputeChoice {
   std::vector<int> dropped;
   int64_t arena_bytes = 0;  // arena of the rewritten plan
+  std::string missed;       // when no choice meets the budget: why (the choice is the smallest arena found)
 };
 
 // The pending graph by position, and the buffer each node's value lives in: its own, or for a
@@ -99,8 +100,10 @@ RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::v
 
 // Chooses activations to recompute so the plan fits `budget` bytes. `arena_of_current_graph`
 // plans the graph as it is wired now and returns its arena size. Leaves the graph as it found
-// it; throws kiln::Error when no choice fits (a fraction budget leaves a plan without a backward
-// pass alone instead: it budgets what a backward keeps). The policy: keep every k-th saved
+// it. When no choice fits, returns the one with the smallest arena found and says why in `missed`
+// (the caller warns, or throws under KILN_MEMORY_BUDGET_STRICT); a plan that keeps no activation
+// for a backward is an Error (nothing to recompute), except that a fraction budget leaves it alone
+// (it budgets what a backward keeps). The policy: keep every k-th saved
 // activation in forward order and recompute the rest (√n checkpointing for chains), trying
 // k = 2, 3, ... up to about 2√n and taking the first (least recomputation) that fits.
 RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budget, int64_t unconstrained_arena,

@@ -259,6 +259,59 @@ constexpr size_t kTimelineNamed = 6;        // buffers the timeline names
 
 }  // namespace
 
+namespace {
+// What both pictures share: the opening, the title, the background and plot frames (the two
+// class="frame" rects) and the headings ...
+std::string svg_begin(const std::string& heading, const std::string& subtitle) {
+  std::string out;
+  auto svg = std::back_inserter(out);
+  fmt::format_to(svg,
+                 "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
+                 "font-family=\"sans-serif\" font-size=\"12\">\n",
+                 kWidth, kHeight);
+  fmt::format_to(svg, "<title>{}</title>\n", xml_escape(heading));
+  fmt::format_to(svg, "<rect class=\"frame\" x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"white\"/>\n", kWidth,
+                 kHeight);
+  fmt::format_to(svg,
+                 "<rect class=\"frame\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#f6f6f6\" "
+                 "stroke=\"#444\"/>\n",
+                 kLeft, kTop, kPlotWidth, kPlotHeight);
+  fmt::format_to(svg,
+                 "<text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"15\" font-weight=\"bold\">{}</text>\n",
+                 kWidth / 2, xml_escape(heading));
+  fmt::format_to(svg, "<text x=\"{}\" y=\"42\" text-anchor=\"middle\" fill=\"#555\">{}</text>\n", kWidth / 2,
+                 xml_escape(subtitle));
+  return out;
+}
+
+// ... and the axes (kernel ticks below, hover for the kernel; byte ticks left) and the closing.
+void svg_axes(std::string& out, const PlanLayout& layout, int kernels, int64_t top_bytes, const char* y_label) {
+  auto svg = std::back_inserter(out);
+  const int step = std::max(1, (kernels + 15) / 16);
+  for (int k = 0; k <= kernels; k += step) {
+    const double x = kLeft + kPlotWidth * k / kernels;
+    std::string tip = k < static_cast<int>(layout.kernels.size()) ? xml_escape(layout.kernels[k]) : "end";
+    fmt::format_to(svg,
+                   "<line x1=\"{0:.2f}\" y1=\"{1}\" x2=\"{0:.2f}\" y2=\"{2}\" stroke=\"#444\"/>"
+                   "<text x=\"{0:.2f}\" y=\"{3}\" text-anchor=\"middle\">{4}<title>{5}</title></text>\n",
+                   x, kTop + kPlotHeight, kTop + kPlotHeight + 5, kTop + kPlotHeight + 18, k, tip);
+  }
+  for (int t = 0; t <= 4; ++t) {
+    const int64_t bytes = top_bytes * t / 4;
+    const double y = kTop + kPlotHeight - kPlotHeight * static_cast<double>(bytes) / top_bytes;
+    fmt::format_to(svg,
+                   "<line x1=\"{0}\" y1=\"{1:.2f}\" x2=\"{2}\" y2=\"{1:.2f}\" stroke=\"#444\"/>"
+                   "<text x=\"{3}\" y=\"{4:.2f}\" text-anchor=\"end\">{5}</text>\n",
+                   kLeft - 5, y, kLeft, kLeft - 8, y + 4, xml_escape(format_bytes(bytes)));
+  }
+  fmt::format_to(svg, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">kernel index (run order)</text>\n",
+                 kLeft + kPlotWidth / 2, kHeight - 16);
+  fmt::format_to(svg, "<text x=\"18\" y=\"{0}\" text-anchor=\"middle\" transform=\"rotate(-90 18 {0})\">{1}</text>\n",
+                 kTop + kPlotHeight / 2, y_label);
+  out += "</svg>\n";
+}
+}  // namespace
+
 std::string arena_svg(const PlanLayout& layout) {
   const std::vector<PlannedBuffer>& buffers = layout.buffers;
   const size_t n = buffers.size();
@@ -289,32 +342,14 @@ std::string arena_svg(const PlanLayout& layout) {
     }
   }
 
-  std::string out;
-  auto svg = std::back_inserter(out);
-  fmt::format_to(svg,
-                 "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
-                 "font-family=\"sans-serif\" font-size=\"12\">\n",
-                 kWidth, kHeight);
   int in_place = 0;
   for (size_t i = 0; i < n; ++i) in_place += depth[i] > 0;
   std::string heading = fmt::format("Plan arena {} (lower bound {}, {}): {} kernels, {} buffers, {} in place",
                                     format_bytes(layout.arena_bytes), format_bytes(layout.lower_bound),
                                     ratio(layout.arena_bytes, layout.lower_bound), layout.kernels.size(), n, in_place);
-  fmt::format_to(svg, "<title>{}</title>\n", xml_escape(heading));
-  // The two frame rects: background and plot area.
-  fmt::format_to(svg, "<rect class=\"frame\" x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"white\"/>\n", kWidth,
-                 kHeight);
-  fmt::format_to(svg,
-                 "<rect class=\"frame\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#f6f6f6\" "
-                 "stroke=\"#444\"/>\n",
-                 kLeft, kTop, kPlotWidth, kPlotHeight);
-  fmt::format_to(svg,
-                 "<text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"15\" font-weight=\"bold\">{}</text>\n",
-                 kWidth / 2, xml_escape(heading));
-  fmt::format_to(svg,
-                 "<text x=\"{}\" y=\"42\" text-anchor=\"middle\" fill=\"#555\">each rectangle is a buffer: "
-                 "kernels it lives through (x) by the arena bytes it holds (y); hover for details</text>\n",
-                 kWidth / 2);
+  std::string out = svg_begin(heading, "each rectangle is a buffer: kernels it lives through (x) by the arena bytes "
+                                       "it holds (y); hover for details");
+  auto svg = std::back_inserter(out);
 
   // Buffers.
   for (size_t i = 0; i < n; ++i) {
@@ -348,30 +383,7 @@ std::string arena_svg(const PlanLayout& layout) {
         kLeft, y, kLeft + kPlotWidth, kLeft + kPlotWidth - 4, y - kTop < 16 ? y + 14 : y - 4);
   }
 
-  // Axes: kernel ticks below, offset ticks left.
-  int step = std::max(1, (kernels + 15) / 16);
-  for (int k = 0; k <= kernels; k += step) {
-    double x = x_of(k);
-    std::string tip = k < static_cast<int>(layout.kernels.size()) ? xml_escape(layout.kernels[k]) : "end";
-    fmt::format_to(svg,
-                   "<line x1=\"{0:.2f}\" y1=\"{1}\" x2=\"{0:.2f}\" y2=\"{2}\" stroke=\"#444\"/>"
-                   "<text x=\"{0:.2f}\" y=\"{3}\" text-anchor=\"middle\">{4}<title>{5}</title></text>\n",
-                   x, kTop + kPlotHeight, kTop + kPlotHeight + 5, kTop + kPlotHeight + 18, k, tip);
-  }
-  for (int t = 0; t <= 4; ++t) {
-    int64_t offset = top_bytes * t / 4;
-    double y = y_of(offset);
-    fmt::format_to(svg,
-                   "<line x1=\"{0}\" y1=\"{1:.2f}\" x2=\"{2}\" y2=\"{1:.2f}\" stroke=\"#444\"/>"
-                   "<text x=\"{3}\" y=\"{4:.2f}\" text-anchor=\"end\">{5}</text>\n",
-                   kLeft - 5, y, kLeft, kLeft - 8, y + 4, xml_escape(format_bytes(offset)));
-  }
-  fmt::format_to(svg, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">kernel index (run order)</text>\n",
-                 kLeft + kPlotWidth / 2, kHeight - 16);
-  fmt::format_to(
-      svg, "<text x=\"18\" y=\"{0}\" text-anchor=\"middle\" transform=\"rotate(-90 18 {0})\">arena offset</text>\n",
-      kTop + kPlotHeight / 2);
-  out += "</svg>\n";
+  svg_axes(out, layout, kernels, top_bytes, "arena offset");
   return out;
 }
 
@@ -441,31 +453,13 @@ std::string timeline_svg(const PlanLayout& layout) {
     return c.members.front();
   };
 
-  std::string out;
-  auto svg = std::back_inserter(out);
-  fmt::format_to(svg,
-                 "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
-                 "font-family=\"sans-serif\" font-size=\"12\">\n",
-                 kWidth, kHeight);
   const std::string heading =
       n == 0 ? std::string("Live bytes per kernel: no intermediates")
              : fmt::format("Live bytes per kernel: peak {} at kernel {} of {} ({})", format_bytes(live[peak]), peak,
                            layout.kernels.size(), peak < static_cast<int>(layout.kernels.size()) ? layout.kernels[peak] : "");
-  fmt::format_to(svg, "<title>{}</title>\n", xml_escape(heading));
-  fmt::format_to(svg, "<rect class=\"frame\" x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"white\"/>\n", kWidth,
-                 kHeight);
-  fmt::format_to(svg,
-                 "<rect class=\"frame\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#f6f6f6\" "
-                 "stroke=\"#444\"/>\n",
-                 kLeft, kTop, kPlotWidth, kPlotHeight);
-  fmt::format_to(svg,
-                 "<text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"15\" font-weight=\"bold\">{}</text>\n",
-                 kWidth / 2, xml_escape(heading));
-  fmt::format_to(svg,
-                 "<text x=\"{}\" y=\"42\" text-anchor=\"middle\" fill=\"#555\">the plan's intermediates live during "
-                 "each kernel (grey); in colour, the largest buffers live at the peak, named by the kernel that makes "
-                 "them</text>\n",
-                 kWidth / 2);
+  std::string out = svg_begin(heading, "the plan's intermediates live during each kernel (grey); in colour, the largest "
+                                       "buffers live at the peak, named by the kernel that makes them");
+  auto svg = std::back_inserter(out);
   if (n == 0) {
     fmt::format_to(svg, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" fill=\"#555\">no intermediates</text>\n",
                    kLeft + kPlotWidth / 2, kTop + kPlotHeight / 2);
@@ -511,29 +505,7 @@ std::string timeline_svg(const PlanLayout& layout) {
                  "stroke-dasharray=\"6 4\"/>\n<text x=\"{3:.2f}\" y=\"{4}\" text-anchor=\"{5}\" fill=\"#c00\">peak {6}</text>\n",
                  px, kTop, kTop + kPlotHeight, px + (px > kLeft + kPlotWidth * 0.8 ? -4 : 4), kTop + kPlotHeight - 6,
                  px > kLeft + kPlotWidth * 0.8 ? "end" : "start", xml_escape(format_bytes(live[peak])));
-  int step = std::max(1, (kernels + 15) / 16);
-  for (int k = 0; k <= kernels; k += step) {
-    const double x = x_of(k);
-    std::string tip = k < static_cast<int>(layout.kernels.size()) ? xml_escape(layout.kernels[k]) : "end";
-    fmt::format_to(svg,
-                   "<line x1=\"{0:.2f}\" y1=\"{1}\" x2=\"{0:.2f}\" y2=\"{2}\" stroke=\"#444\"/>"
-                   "<text x=\"{0:.2f}\" y=\"{3}\" text-anchor=\"middle\">{4}<title>{5}</title></text>\n",
-                   x, kTop + kPlotHeight, kTop + kPlotHeight + 5, kTop + kPlotHeight + 18, k, tip);
-  }
-  for (int t = 0; t <= 4; ++t) {
-    const int64_t bytes = top_bytes * t / 4;
-    const double y = y_of(bytes);
-    fmt::format_to(svg,
-                   "<line x1=\"{0}\" y1=\"{1:.2f}\" x2=\"{2}\" y2=\"{1:.2f}\" stroke=\"#444\"/>"
-                   "<text x=\"{3}\" y=\"{4:.2f}\" text-anchor=\"end\">{5}</text>\n",
-                   kLeft - 5, y, kLeft, kLeft - 8, y + 4, xml_escape(format_bytes(bytes)));
-  }
-  fmt::format_to(svg, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">kernel index (run order)</text>\n",
-                 kLeft + kPlotWidth / 2, kHeight - 16);
-  fmt::format_to(
-      svg, "<text x=\"18\" y=\"{0}\" text-anchor=\"middle\" transform=\"rotate(-90 18 {0})\">live bytes</text>\n",
-      kTop + kPlotHeight / 2);
-  out += "</svg>\n";
+  svg_axes(out, layout, kernels, top_bytes, "live bytes");
   return out;
 }
 

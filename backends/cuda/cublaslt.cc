@@ -56,23 +56,7 @@ std::string describe_matmul(int device, DType t, const int64_t a_strides[3], con
   X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy) X(cublasLtMatrixLayoutSetAttribute)
 
 // cuBLASLt's functions, resolved when the first CUDA matmul runs (backends/cuda/shared_library.h).
-struct CublasLtApi {
-#define KILN_MEMBER(f) decltype(&::f) f = nullptr;
-  KILN_CUBLASLT_FUNCTIONS(KILN_MEMBER)
-#undef KILN_MEMBER
-};
-
-const CublasLtApi& lt() {
-  static const CublasLtApi api = [] {
-    static const SharedLibrary library("cuBLASLt", {KILN_CUBLASLT_LIBRARY, KILN_CUBLASLT_SONAME});
-    CublasLtApi table;
-#define KILN_FILL(f) KILN_RESOLVE(library, table, f);
-    KILN_CUBLASLT_FUNCTIONS(KILN_FILL)
-#undef KILN_FILL
-    return table;
-  }();
-  return api;
-}
+KILN_SHARED_LIBRARY_TABLE(CublasLtApi, lt, "cuBLASLt", KILN_CUBLASLT_LIBRARY, KILN_CUBLASLT_SONAME, KILN_CUBLASLT_FUNCTIONS)
 
 // NVIDIA's suggested cuBLASLt workspace for Hopper; one per device, kept for the process.
 constexpr size_t kMatmulWorkspaceBytes = size_t{32} << 20;

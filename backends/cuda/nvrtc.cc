@@ -40,23 +40,7 @@ namespace {
   X(nvrtcVersion)
 
 // NVRTC's functions, resolved when the first CUDA kernel is compiled (backends/cuda/shared_library.h).
-struct NvrtcApi {
-#define KILN_MEMBER(f) decltype(&::f) f = nullptr;
-  KILN_NVRTC_FUNCTIONS(KILN_MEMBER)
-#undef KILN_MEMBER
-};
-
-const NvrtcApi& rtc() {
-  static const NvrtcApi api = [] {
-    static const SharedLibrary library("NVRTC", {KILN_NVRTC_LIBRARY, KILN_NVRTC_SONAME});
-    NvrtcApi table;
-#define KILN_FILL(f) KILN_RESOLVE(library, table, f);
-    KILN_NVRTC_FUNCTIONS(KILN_FILL)
-#undef KILN_FILL
-    return table;
-  }();
-  return api;
-}
+KILN_SHARED_LIBRARY_TABLE(NvrtcApi, rtc, "NVRTC", KILN_NVRTC_LIBRARY, KILN_NVRTC_SONAME, KILN_NVRTC_FUNCTIONS)
 
 // NVRTC's options besides -arch; every one is part of the cache key. Multiply-add contraction is
 // off, as the host build's -ffp-contract=off, so both backends round each operation alike (Philox

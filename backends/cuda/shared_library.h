@@ -21,8 +21,25 @@ class SharedLibrary {
   void* handle_ = nullptr;  // never closed: resolved functions stay valid for the process
 };
 
-// Fills a table of function pointers from a library: KILN_RESOLVE(lib, table, cublasLtCreate).
-#define KILN_RESOLVE(library, table, function) \
-  (table).function = reinterpret_cast<decltype((table).function)>((library).symbol(#function))
+// A table of a library's functions, mapped and resolved on the first call of `getter`:
+//   #define MY_FUNCTIONS(X) X(nvrtcVersion) X(nvrtcGetErrorString)
+//   KILN_SHARED_LIBRARY_TABLE(NvrtcApi, rtc, "NVRTC", path, soname, MY_FUNCTIONS)
+//   rtc().nvrtcVersion(&major, &minor);
+#define KILN_LIBRARY_MEMBER(function) decltype(&::function) function = nullptr;
+#define KILN_LIBRARY_RESOLVE(function) \
+  table.function = reinterpret_cast<decltype(table.function)>(library.symbol(#function));
+#define KILN_SHARED_LIBRARY_TABLE(Type, getter, what, path, soname, FUNCTIONS)       \
+  struct Type {                                                                      \
+    FUNCTIONS(KILN_LIBRARY_MEMBER)                                                   \
+  };                                                                                 \
+  const Type& getter() {                                                             \
+    static const Type api = [] {                                                     \
+      static const ::kiln::cuda::SharedLibrary library(what, {path, soname});        \
+      Type table;                                                                    \
+      FUNCTIONS(KILN_LIBRARY_RESOLVE)                                                \
+      return table;                                                                  \
+    }();                                                                             \
+    return api;                                                                      \
+  }
 
 }  // namespace kiln::cuda

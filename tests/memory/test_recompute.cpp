@@ -276,20 +276,33 @@ TEST_CASE("recompute: a fraction budget leaves a plan without a backward pass al
   CHECK_THROWS_WITH(sum(matmul(y3, y3)).item(), Catch::Contains("recomputation cannot help"));
 }
 
-TEST_CASE("recompute: an impossible budget runs at the smallest arena found, same results", "[recompute]") {
-  StepResult plain = train(0, false);
+namespace {
+// train()'s step recorded but not run: its loss, the updated parameters, and both as outputs.
+struct PendingStep {
+  Tensor loss;
+  std::vector<Tensor> params, outputs;
+};
+PendingStep pending_step() {
+  PendingStep s;
   manual_seed(11);
   Mlp m = make_mlp();
   Data d = make_data();
-  Tensor loss = cross_entropy(forward(m, d.x, 0), d.labels);
-  std::vector<Tensor> params = m.params();
+  s.loss = cross_entropy(forward(m, d.x, 0), d.labels);
+  s.params = m.params();
   {
-    std::vector<Tensor> grads = grad(loss, params);
+    std::vector<Tensor> grads = grad(s.loss, s.params);
     NoGradGuard no_grad;
-    for (size_t i = 0; i < params.size(); ++i) params[i].assign(params[i] - kLr * grads[i]);
+    for (size_t i = 0; i < s.params.size(); ++i) s.params[i].assign(s.params[i] - kLr * grads[i]);
   }
-  std::vector<Tensor> outputs = params;
-  outputs.push_back(loss);
+  s.outputs = s.params;
+  s.outputs.push_back(s.loss);
+  return s;
+}
+}  // namespace
+
+TEST_CASE("recompute: an impossible budget runs at the smallest arena found, same results", "[recompute]") {
+  StepResult plain = train(0, false);
+  auto [loss, params, outputs] = pending_step();
   FlagsGuard guard;
   flags().memory_budget = "1KiB";  // (a warning on stderr names both sizes)
   sync(outputs);
@@ -302,18 +315,7 @@ TEST_CASE("recompute: an impossible budget runs at the smallest arena found, sam
 TEST_CASE("recompute: an impossible budget under KILN_MEMORY_BUDGET_STRICT throws and leaves tensors usable",
           "[recompute]") {
   StepResult plain = train(0, false);
-  manual_seed(11);
-  Mlp m = make_mlp();
-  Data d = make_data();
-  Tensor loss = cross_entropy(forward(m, d.x, 0), d.labels);
-  std::vector<Tensor> params = m.params();
-  {
-    std::vector<Tensor> grads = grad(loss, params);
-    NoGradGuard no_grad;
-    for (size_t i = 0; i < params.size(); ++i) params[i].assign(params[i] - kLr * grads[i]);
-  }
-  std::vector<Tensor> outputs = params;
-  outputs.push_back(loss);
+  auto [loss, params, outputs] = pending_step();
   {
     FlagsGuard guard;
     flags().memory_budget = "1KiB";

@@ -56,6 +56,8 @@ class Backend {
                                                    const std::vector<int>& groups) const = 0;
   // A library kernel (Matmul, Conv) on the buffers `ptrs`, indexed by plan slot.
   virtual void run_library(const Kernel& kernel, void* const* ptrs, Device device) const = 0;
+  // Whether an elementwise kernel may compute a matmul operand tile by tile (Kernel::tiles).
+  virtual bool runs_matmul_tiles() const { return false; }
   // Waits until the work queued on `device` has finished (a kernel's time, not its launch's).
   virtual void synchronize(Device device) const = 0;
 };

@@ -127,6 +127,17 @@ struct SideStore {
   int value = -1;
 };
 
+// Elementwise: one operand made tile by tile inside the kernel. Buffer `buffer` is the (M, N)
+// product of the kernel's `matmul`, which no other kernel reads; it is computed `rows` rows at a
+// time into a scratch buffer of one tile, each tile just before the kernel's loop 0 runs over it
+// (`loop_per_tile` iterations per tile; the function takes the range). The whole product never
+// exists: a weight gradient read only by its optimizer update (jit/tile_matmul.h).
+struct MatmulTiles {
+  int buffer = -1;
+  int64_t rows = 0;
+  int64_t loop_per_tile = 0;
+};
+
 struct Kernel {
   KernelKind kind = KernelKind::Elementwise;
   std::string name;
@@ -142,7 +153,8 @@ struct Kernel {
   int scatter_index = -1;             // Scatter: expr giving the position along the axis
   int64_t scatter_stride = 0, scatter_extent = 0;
   int64_t out_numel = 0;
-  MatmulCall matmul;
+  MatmulCall matmul;                  // Matmul; Elementwise with tiles: the tiles' product
+  MatmulTiles tiles;                  // Elementwise
   QuantizedMatmulCall quantized;
   ConvCall conv;
   CollectiveCall collective;

@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/flags.h"
+#include "jit/tile_matmul.h"
 #include "ops/primitive.h"
 
 namespace kiln::jit {
@@ -33,6 +35,8 @@ struct Lowerer {
   bool build_kernels();
   bool add_side_output(const Node* node, const std::vector<int>& kernel_of);
   int add_sibling_output(const Node* node, int slot, const std::vector<int>& writer_of_slot);
+  int tileable_product_read(const Node* node, const std::vector<int>& writer_of_slot) const;
+  bool replaces_shared_external(const Node* node) const;
 
   std::vector<int> kernel_node_;  // per kernel built: the node it was built for
   // How many kernels back a recomputed copy looks for a sibling kernel to join.
@@ -554,13 +558,53 @@ bool Lowerer::add_side_output(const Node* node, const std::vector<int>& kernel_o
   return true;
 }
 
+// The slot of a product that jit/tile_matmul.h may make tile by tile (a weight gradient) which
+// `node`'s kernel would read, or -1.
+int Lowerer::tileable_product_read(const Node* node, const std::vector<int>& writer_of_slot) const {
+  std::vector<const Node*> stack;
+  for (const NodePtr& in : node->inputs) stack.push_back(in.get());
+  while (!stack.empty()) {
+    const Node* n = stack.back();
+    stack.pop_back();
+    if (auto found = slot_of.find(n); found != slot_of.end()) {
+      const int w = writer_of_slot[found->second];
+      if (w >= 0 && out.kernels[w].kind == KernelKind::Matmul &&
+          matmul_row_block(out.kernels[w].matmul, out.slots[found->second].dtype) > 0)
+        return found->second;
+      continue;
+    }
+    if (position.count(n))
+      for (const NodePtr& in : n->inputs) stack.push_back(in.get());
+  }
+  return -1;
+}
+
+// Whether `node` is an update `e.assign(...)` of an external value that other nodes read too
+// (a parameter the backward still reads): made earlier, it could no longer overwrite e in place.
+bool Lowerer::replaces_shared_external(const Node* node) const {
+  for (size_t o = 0; o < graph.outputs.size(); ++o) {
+    if (graph.nodes[graph.outputs[o]].get() != node) continue;
+    const int e = graph.replaced_external[o];
+    return e >= 0 && graph.external_edges[e] > 1;
+  }
+  return false;
+}
+
 // A recomputed copy (memory/recompute.h) of the shape of an earlier elementwise kernel that reads
 // the same saved values (a GELU's backward, and the GELU's output recomputed for the next
 // layer's weight gradient) becomes that kernel's second output: the loads and the erf are done
 // once, and the copy costs a store. Only a backward kernel, and only where everything the copy
 // reads is written before it, so moving the copy's work earlier reads the same values.
+// Likewise an update reading a weight gradient that an earlier update kernel reads (Adam's m and
+// v): one kernel reads the gradient, so jit/tile_matmul.h can make it tile by tile inside it.
 int Lowerer::add_sibling_output(const Node* node, int slot, const std::vector<int>& writer_of_slot) {
-  if (!node->recompute || !is_elementwise(node->op) || node->realized()) return -1;
+  if (!is_elementwise(node->op) || node->realized()) return -1;
+  int product = -1;  // an update's: the gradient both kernels must read
+  if (!node->recompute) {
+    if (!flags().tiled_updates || node->requires_grad || replaces_shared_external(node)) return -1;
+    product = tileable_product_read(node, writer_of_slot);
+    if (product < 0) return -1;
+  }
   const Kernel alone = build_elementwise(*this, node, slot);
   int latest_input = -1;  // the last kernel writing a buffer the copy reads
   std::vector<int> reads;
@@ -578,7 +622,7 @@ int Lowerer::add_sibling_output(const Node* node, int slot, const std::vector<in
         primary->requires_grad)
       continue;
     const bool shares = std::any_of(k.buffers.begin() + 1, k.buffers.end(), [&](const KernelBuffer& b) {
-      return std::find(reads.begin(), reads.end(), b.slot) != reads.end();
+      return product >= 0 ? b.slot == product : std::find(reads.begin(), reads.end(), b.slot) != reads.end();
     });
     if (!shares) continue;
     Kernel merged = build_elementwise(*this, primary, k.buffers[0].slot, {{node, slot}});

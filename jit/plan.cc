@@ -1,5 +1,8 @@
 #include "jit/plan.h"
 
+#include "core/flags.h"
+#include "jit/tile_matmul.h"
+
 #include <algorithm>
 #include <functional>
 #include <string>
@@ -12,6 +15,8 @@ namespace {
 // reads that buffer only at the element it writes (so each element is read before it is written).
 bool reads_only_in_place(const Kernel& k, int b) {
   if (k.kind != KernelKind::Elementwise) return false;
+  // A tile's matmul reads whole rows and columns of its operands, other tiles' elements too.
+  if (k.tiles.buffer >= 0 && (b == k.matmul.a_buffer || b == k.matmul.b_buffer)) return false;
   std::string store = k.ctx.render(k.store_index);
   for (const Expr& e : k.exprs) {
     if (e.buffer != b) continue;
@@ -195,6 +200,7 @@ std::unique_ptr<Plan> make_plan(const PendingGraph& graph, Program program, Devi
   plan->device = device;
   plan->backend = &backend_for(device);
   plan->program = std::move(program);
+  if (flags().tiled_updates && plan->backend->runs_matmul_tiles()) tile_matmuls(plan->program);
   note_liveness(*plan);
   plan->group_start = plan->backend->row_groups(plan->program.kernels);
   if (!plan->group_start.empty()) extend_lifetimes_over_groups(*plan);
@@ -207,6 +213,8 @@ std::unique_ptr<Plan> make_plan(const PendingGraph& graph, Program program, Devi
 int64_t planned_arena(const PendingGraph& graph) {
   Plan plan;
   plan.program = lower(graph, schedule(graph));
+  if (flags().tiled_updates && !graph.nodes.empty() && backend_for(graph.nodes.front()->device).runs_matmul_tiles())
+    tile_matmuls(plan.program);
   note_liveness(plan);
   plan_buffers(plan);
   return plan.memory.arena_bytes;

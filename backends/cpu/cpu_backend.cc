@@ -7,6 +7,7 @@
 #include "backends/cpu/matmul_onednn.h"
 #include "backends/cpu/render_cpp.h"
 #include "core/flags.h"
+#include "jit/tile_matmul.h"
 
 namespace kiln::cpu {
 
@@ -40,12 +41,40 @@ class HostRun final : public jit::KernelRun {
     const std::vector<int>& slots = bindings_[k].buffer_slots;
     for (size_t b = 0; b < slots.size(); ++b) local_buffers_[b] = ptrs[slots[b]];
     int64_t error[2] = {0, 0};
-    fns_[k](local_buffers_.data(), local_scalars_.data() + scalar_start_[k], local_ints_.data() + int_start_[k], error);
+    if (kernels_[k].tiles.buffer >= 0)
+      launch_tiles(k, error);
+    else
+      fns_[k](local_buffers_.data(), local_scalars_.data() + scalar_start_[k], local_ints_.data() + int_start_[k], error);
     if (error[1] != 0) jit::throw_index_error(error[0], kernels_[k]);
   }
   void check_errors() override {}  // launch has thrown already
 
  private:
+  // Each tile: its rows of the matmul into the scratch buffer (which the kernel then reads as if
+  // the whole product were there: its address moved back by the tile's start), then the kernel
+  // over those rows.
+  void launch_tiles(size_t k, int64_t* error) {
+    using TiledFn = void (*)(void* const*, const double*, const int64_t*, int64_t*, int64_t, int64_t);
+    const jit::Kernel& kernel = kernels_[k];
+    const jit::MatmulCall& mm = kernel.matmul;
+    const jit::MatmulTiles& tiles = kernel.tiles;
+    const DType t = kernel.buffers[static_cast<size_t>(tiles.buffer)].dtype;
+    const int64_t es = static_cast<int64_t>(dtype_size(t));
+    char* scratch = static_cast<char*>(local_buffers_[static_cast<size_t>(tiles.buffer)]);
+    const char* a = static_cast<const char*>(local_buffers_[static_cast<size_t>(mm.a_buffer)]) + mm.a_offset * es;
+    const char* b = static_cast<const char*>(local_buffers_[static_cast<size_t>(mm.b_buffer)]) + mm.b_offset * es;
+    // (Through void (*)(): the compiled function takes the range its symbol was stored without.)
+    const auto fn = reinterpret_cast<TiledFn>(reinterpret_cast<void (*)()>(fns_[k]));
+    const int64_t loop_end = kernel.loops[0].extent;
+    for (int64_t row = 0, lo = 0; row < mm.M; row += tiles.rows, lo += tiles.loop_per_tile) {
+      onednn_matmul_rows(t, a, mm.a_strides, b, mm.b_strides, scratch, mm.M, mm.K, mm.N, row,
+                         std::min(tiles.rows, mm.M - row));
+      local_buffers_[static_cast<size_t>(tiles.buffer)] = scratch - row * mm.N * es;
+      fn(local_buffers_.data(), local_scalars_.data() + scalar_start_[k], local_ints_.data() + int_start_[k], error,
+         lo, std::min(loop_end, lo + tiles.loop_per_tile));
+    }
+  }
+
   const std::vector<KernelFn>& fns_;
   const std::vector<jit::KernelBinding>& bindings_;
   const std::vector<jit::Kernel>& kernels_;
@@ -101,7 +130,15 @@ void run_onednn(const jit::Kernel& k, void* const* ptrs) {
   const jit::LibraryOperands op = jit::library_operands(k, ptrs);
   if (k.kind == jit::KernelKind::Matmul) {
     const jit::MatmulCall& mm = k.matmul;
-    onednn_matmul(op.dtype, op.a, mm.a_strides, op.b, mm.b_strides, op.out, mm.batch, mm.M, mm.K, mm.N);
+    const int64_t block = jit::matmul_row_block(mm, op.dtype);
+    if (block == 0) {
+      onednn_matmul(op.dtype, op.a, mm.a_strides, op.b, mm.b_strides, op.out, mm.batch, mm.M, mm.K, mm.N);
+      return;
+    }
+    const int64_t row_bytes = mm.N * static_cast<int64_t>(dtype_size(op.dtype));
+    for (int64_t row = 0; row < mm.M; row += block)
+      onednn_matmul_rows(op.dtype, op.a, mm.a_strides, op.b, mm.b_strides, static_cast<char*>(op.out) + row * row_bytes,
+                         mm.M, mm.K, mm.N, row, std::min(block, mm.M - row));
   } else {
     onednn_conv2d(k.conv.pass, op.dtype, k.conv.geometry, op.a, op.b, op.out);
   }

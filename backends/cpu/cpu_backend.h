@@ -11,6 +11,7 @@ class CpuBackend : public jit::Backend {
   std::unique_ptr<jit::CompiledKernels> compile(const std::vector<jit::Kernel>& kernels, Device device,
                                                 const std::vector<int>& groups) const override;
   void run_library(const jit::Kernel& kernel, void* const* ptrs, Device device) const override;
+  bool runs_matmul_tiles() const override { return true; }
   void synchronize(Device) const override {}
 };
 

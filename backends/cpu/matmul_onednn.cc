@@ -171,9 +171,11 @@ std::string describe(DType t, const int64_t a_strides[3], const int64_t b_stride
 // BLAS-style sgemm reads it transposed in place as fast as the matmul primitive reads a
 // row-major one (2026-12: 250 GFLOP/s on 512 x 2048 x 128), where the primitive needs a
 // row-major copy first (reorder + brgemm: ~1.8x the time). False when it does not apply.
+// `whole_M`: the rows of the whole product when this call makes some of them (onednn_matmul_rows),
+// so a part takes the routine the whole would.
 bool transposed_sgemm(DType t, const Layout& a, const Layout& b, int64_t batch, int64_t M, int64_t K, int64_t N,
-                      const void* A, const void* B, void* C) {
-  if (t != DType::Float32 || batch != 1 || M * K < (int64_t{1} << 16)) return false;
+                      const void* A, const void* B, void* C, int64_t whole_M) {
+  if (t != DType::Float32 || batch != 1 || whole_M * K < (int64_t{1} << 16)) return false;
   if (a.strides[1] != 1 || a.strides[2] < M) return false;  // A column-major: lda = its column stride
   char transb;
   int64_t ldb;
@@ -216,7 +218,7 @@ void onednn_matmul(DType t, const void* a, const int64_t a_strides[3], const voi
     return;
   }
   const Layout la = normalize(batch, M, K, a_strides), lb = normalize(batch, K, N, b_strides);
-  if (transposed_sgemm(t, la, lb, batch, M, K, N, a, b, c)) return;
+  if (transposed_sgemm(t, la, lb, batch, M, K, N, a, b, c, M)) return;
   const Key key{static_cast<int64_t>(t), batch, M, K, N,
                 la.batch, la.strides[0], la.strides[1], la.strides[2],
                 lb.batch, lb.strides[0], lb.strides[1], lb.strides[2]};
@@ -355,6 +357,18 @@ std::string onednn_quantized_matmul_impl(int64_t M, int64_t K, int64_t N) {
   const char* impl = nullptr;
   dnnl_primitive_desc_query(plan.primitive.get_primitive_desc(), dnnl_query_impl_info_str, 0, &impl);
   return impl ? impl : "";
+}
+
+void onednn_matmul_rows(DType t, const void* a, const int64_t a_strides[3], const void* b, const int64_t b_strides[3],
+                        void* c, int64_t M, int64_t K, int64_t N, int64_t row0, int64_t rows) {
+  KILN_CHECK(row0 >= 0 && rows >= 0 && row0 + rows <= M, "matmul", "rows [{}, {}) of a product of {} rows", row0,
+             row0 + rows, M);
+  const void* a_rows = static_cast<const char*>(a) + row0 * a_strides[1] * static_cast<int64_t>(dtype_size(t));
+  if (rows > 0 && K > 0 && N > 0 &&
+      transposed_sgemm(t, normalize(1, rows, K, a_strides), normalize(1, K, N, b_strides), 1, rows, K, N, a_rows, b,
+                       c, M))
+    return;
+  onednn_matmul(t, a_rows, a_strides, b, b_strides, c, 1, rows, K, N);
 }
 
 }  // namespace kiln::cpu

@@ -28,6 +28,10 @@ bool onednn_supports_matmul(DType t);
 // Throws kiln::Error for unsupported dtypes, negative sizes, or a oneDNN failure.
 void onednn_matmul(DType t, const void* a, const int64_t a_strides[3], const void* b,
             const int64_t b_strides[3], void* c, int64_t batch, int64_t M, int64_t K, int64_t N);
+// Rows [row0, row0 + rows) of the (M, N) product onednn_matmul makes (batch 1), into c (rows x N,
+// contiguous), by the routine the whole product would take: each row gets the same bits.
+void onednn_matmul_rows(DType t, const void* a, const int64_t a_strides[3], const void* b, const int64_t b_strides[3],
+                        void* c, int64_t M, int64_t K, int64_t N, int64_t row0, int64_t rows);
 
 }  // namespace kiln::cpu
 

@@ -138,8 +138,11 @@ std::string CppKernelRenderer::render() {
                              (e.op == Op::Exp || e.op == Op::Erf || e.op == Op::Tanh || e.op == Op::Log ||
                               e.op == Op::Pow || e.dtype == DType::BFloat16 || e.dtype == DType::Float16);
                     });
-  out += fmt::format("extern \"C\" {}void {}(void* const* bufs, const double* sc, const int64_t* isc, int64_t* err) {{\n",
-                     wide ? "__attribute__((target(\"prefer-vector-width=512\"))) " : "", k_.name);
+  // A kernel with a tiled operand runs over a range of its loop 0 per tile (cpu_backend.cc).
+  const bool tiled = k_.tiles.buffer >= 0;
+  out += fmt::format("extern \"C\" {}void {}(void* const* bufs, const double* sc, const int64_t* isc, int64_t* err{}) {{\n",
+                     wide ? "__attribute__((target(\"prefer-vector-width=512\"))) " : "", k_.name,
+                     tiled ? ", int64_t lo, int64_t hi" : "");
   for (size_t b = 0; b < k_.buffers.size(); ++b)
     out += fmt::format("  {}* {} = ({}*)bufs[{}];\n", storage_type(k_.buffers[b].dtype), buf(static_cast<int>(b)),
                        storage_type(k_.buffers[b].dtype), k_.buffers[b].slot);
@@ -150,7 +153,7 @@ std::string CppKernelRenderer::render() {
 
   DType out_t = k_.buffers[0].dtype;
   std::string result = v(k_.value);
-  int64_t work = k_.out_numel;
+  int64_t work = tiled ? k_.out_numel / k_.loops[0].extent * k_.tiles.loop_per_tile : k_.out_numel;
   for (const Loop& l : k_.loops)
     if (l.role == Loop::Role::Reduce) work *= l.extent;
   // Small kernels run on the calling thread with no parallel region at all: `parallel ... if(0)`
@@ -163,14 +166,15 @@ std::string CppKernelRenderer::render() {
     render_attention(out);
   } else if (k_.kind == KernelKind::Elementwise) {
     const Loop& l0 = k_.loops[0];
+    const std::string l0_from = tiled ? "lo" : "0", l0_to = tiled ? "hi" : fmt::format("{}LL", l0.extent);
     if (k_.loops.size() == 1) {
       out += fmt::format("  #pragma omp {}simd\n", parallel_for);
-      out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", l0.var, l0.extent);
+      out += fmt::format("  for (int64_t {0} = {1}; {0} < {2}; ++{0}) {{\n", l0.var, l0_from, l0_to);
       emit_values(out, "    ");
     } else {
       const Loop& l1 = k_.loops[1];
       if (parallel) out += "  #pragma omp parallel for\n";
-      out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", l0.var, l0.extent);
+      out += fmt::format("  for (int64_t {0} = {1}; {0} < {2}; ++{0}) {{\n", l0.var, l0_from, l0_to);
       // Output elements are independent; without the pragma GCC -O2 will not vectorize a loop
       // that needs a run-time alias check.
       out += "  #pragma omp simd\n";

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstring>
+#include <algorithm>
 #include <limits>
 #include <random>
 #include <thread>
@@ -194,4 +196,32 @@ TEST_CASE("onednn matmul: bfloat16", "[ops][matmul][onednn]") {
   check({DType::BFloat16, 1, 128, 256, 96}, kBFloat16Tol);
   check_layouts(DType::BFloat16, kBFloat16Tol);
   check_broadcast(DType::BFloat16, kBFloat16Tol);
+}
+
+// Parts of a product (jit/tile_matmul.h computes weight gradients a block of rows at a time) are
+// its rows: offsets and strides right for every layout. oneDNN's sums depend on the problem's size,
+// so parts are compared within rounding, not bits; the blocks are fixed per product instead.
+TEST_CASE("onednn matmul: rows of a product are the whole product's rows", "[ops][matmul][onednn]") {
+  struct Size {
+    int64_t M, K, N, rows;
+  };
+  for (const Size& size : {Size{512, 128, 784, 80}, Size{784, 128, 512, 96}, Size{96, 40, 64, 16}})
+    for (Layout la : {Layout::Transposed, Layout::RowMajor, Layout::Padded})
+      for (Layout lb : {Layout::RowMajor, Layout::Transposed}) {
+        const MatmulCase cs{DType::Float32, 1, size.M, size.K, size.N, la, lb};
+        INFO(describe(cs) << ", parts of " << size.rows << " rows");
+        std::mt19937 rng(7);
+        const Operand a = make_operand(cs.dtype, 1, cs.M, cs.K, la, false, rng);
+        const Operand b = make_operand(cs.dtype, 1, cs.K, cs.N, lb, false, rng);
+        std::vector<float> whole(static_cast<size_t>(cs.M * cs.N)), parts(whole.size(), std::nanf(""));
+        kiln::cpu::onednn_matmul(cs.dtype, a.data(), a.strides, b.data(), b.strides, whole.data(), 1, cs.M, cs.K,
+                                 cs.N);
+        for (int64_t row = 0; row < cs.M; row += size.rows)
+          kiln::cpu::onednn_matmul_rows(cs.dtype, a.data(), a.strides, b.data(), b.strides,
+                                        parts.data() + row * cs.N, cs.M, cs.K, cs.N, row,
+                                        std::min(size.rows, cs.M - row));
+        int64_t bad = 0;
+        for (size_t i = 0; i < whole.size(); ++i) bad += !(std::abs(whole[i] - parts[i]) <= 1e-5f);  // NaN too
+        CHECK(bad == 0);
+      }
 }

@@ -1,0 +1,155 @@
+// Weight gradients made tile by tile inside their optimizer update (jit/tile_matmul.h): the same
+// parameters, bit for bit, as the plan that makes each gradient whole (KILN_TILED_UPDATES=0), for
+// every optimizer; no whole weight-gradient buffer in the arena; left alone when anything else
+// reads the gradient (p.grad() of the PyTorch-style step, the clipping norm).
+#include <catch2/catch.hpp>
+#include <kiln/kiln.h>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "jit/executor.h"
+#include "tests/support/mlp.h"
+
+using namespace kiln;
+
+namespace {
+
+// 300 -> 400 -> 200 -> 10: the first two weight gradients (469 and 313 KiB) take two tiles each.
+const std::vector<int64_t> kWidths = {300, 400, 200, 10};
+constexpr int64_t kBatch = 32;
+
+using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
+
+struct Run {
+  std::vector<std::vector<float>> params;
+  memory::PlanLayout layout;  // the training step's plan
+};
+
+Tensor forward(const std::vector<Tensor>& params, const Tensor& x) {
+  Tensor h = x;
+  for (size_t i = 0; i + 1 < params.size(); i += 2) {
+    h = matmul(h, params[i]) + params[i + 1];
+    if (i + 2 < params.size()) h = relu(h);
+  }
+  return h;
+}
+
+// Jittor style: opt.step(loss) takes the gradients itself; PyTorch style: backward() fills
+// p.grad(), which the user may read after the step, then (optionally) clipping.
+enum class Style { StepLoss, Backward, BackwardClip };
+
+Run train(bool tiled, const MakeOptimizer& make, Style style = Style::StepLoss, int steps = 3) {
+  FlagsGuard guard;
+  flags().tiled_updates = tiled;
+  manual_seed(11);
+  std::vector<Tensor> params = kiln::testing::make_mlp(kWidths);
+  std::unique_ptr<optim::Optimizer> opt = make(params);
+  for (int s = 0; s < steps; ++s) {
+    Tensor x = randn({kBatch, kWidths.front()});
+    std::vector<int64_t> labels(kBatch);
+    for (int64_t i = 0; i < kBatch; ++i) labels[i] = (i * 7 + s) % kWidths.back();
+    Tensor loss = nn::cross_entropy(forward(params, x), from_vector<int64_t>(labels, {kBatch}));
+    if (style == Style::StepLoss) {
+      opt->step(loss);
+      continue;
+    }
+    opt->zero_grad();
+    loss.backward();
+    if (style == Style::BackwardClip) opt->clip_grad_norm(0.5);
+    opt->step({loss});
+  }
+  Run run;
+  run.layout = jit::last_plan_memory();
+  for (const Tensor& p : params) run.params.push_back(p.to_vector<float>());
+  return run;
+}
+
+int tiled_kernels(const memory::PlanLayout& layout) {
+  int n = 0;
+  for (const std::string& summary : layout.kernels) n += summary.find("tiles of") != std::string::npos;
+  return n;
+}
+
+bool holds_buffer_of(const memory::PlanLayout& layout, int64_t bytes) {
+  for (const auto& b : layout.buffers)
+    if (b.bytes == bytes) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("tiled updates: every optimizer leaves the parameters bit-identical to whole gradients",
+          "[tile_matmul][optim]") {
+  struct Case {
+    std::string name;
+    MakeOptimizer make;
+    int tiled = 2;  // Nesterov's parameter update reads the gradient too, after the backward read
+                    // the old parameter: both whole (the update still overwrites its parameter)
+  };
+  const std::vector<Case> optimizers = {
+      {"SGD", [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(p, optim::SGDOptions(0.1)); }},
+      {"SGD momentum, weight decay",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<optim::SGD>(p, optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-3));
+       }},
+      {"SGD nesterov",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<optim::SGD>(p, optim::SGDOptions(0.05).momentum(0.9).nesterov(true));
+       },
+       0},
+      {"Adam, weight decay",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<optim::Adam>(p, optim::AdamOptions(1e-3).weight_decay(1e-2));
+       }},
+      {"AdamW", [](std::vector<Tensor> p) { return std::make_unique<optim::AdamW>(p, optim::AdamWOptions(1e-3)); }},
+  };
+  for (const auto& [name, make, expected] : optimizers) {
+    INFO(name);
+    const Run tiled = train(true, make), whole = train(false, make);
+    CHECK(tiled_kernels(tiled.layout) == expected);
+    CHECK(tiled_kernels(whole.layout) == 0);
+    // The first layer's gradient (300 x 400 float32) exists whole only without tiles.
+    CHECK(holds_buffer_of(whole.layout, 300 * 400 * 4));
+    if (expected > 0) {
+      CHECK_FALSE(holds_buffer_of(tiled.layout, 300 * 400 * 4));
+      CHECK(tiled.layout.arena_bytes < whole.layout.arena_bytes);
+    }
+    REQUIRE(tiled.params.size() == whole.params.size());
+    for (size_t i = 0; i < tiled.params.size(); ++i) {
+      INFO("parameter " << i);
+      REQUIRE(tiled.params[i].size() == whole.params[i].size());
+      CHECK(std::memcmp(tiled.params[i].data(), whole.params[i].data(), tiled.params[i].size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("tiled updates: a gradient the user or the clipping norm also reads is made whole",
+          "[tile_matmul][optim]") {
+  const MakeOptimizer sgd = [](std::vector<Tensor> p) {
+    return std::make_unique<optim::SGD>(p, optim::SGDOptions(0.1).momentum(0.9));
+  };
+  for (Style style : {Style::Backward, Style::BackwardClip}) {
+    const Run run = train(true, sgd, style, 2);
+    CHECK(tiled_kernels(run.layout) == 0);
+  }
+}
+
+TEST_CASE("tiled updates: poisoned dead buffers do not change the tiled step", "[tile_matmul][planner]") {
+  const MakeOptimizer adam = [](std::vector<Tensor> p) {
+    return std::make_unique<optim::Adam>(p, optim::AdamOptions(1e-3));
+  };
+  const Run plain = train(true, adam);
+  Run poisoned;
+  {
+    FlagsGuard guard;
+    flags().debug_memory = true;
+    flags().plan_cache = false;
+    poisoned = train(true, adam);
+  }
+  CHECK(tiled_kernels(poisoned.layout) == 2);
+  CHECK(plain.params == poisoned.params);
+}

@@ -8,6 +8,7 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "ops/library.h"
 #include "ops/ops.h"
 #include "ops/primitive.h"
 
@@ -30,8 +31,9 @@ QuantizedWeight quantize_per_channel(const Tensor& weight) {
              "needs a floating-point (out, in) weight, got {}", weight.str());
   NoGradGuard no_grad;
   const Tensor w = cast(weight.detach(), DType::Float32);
-  const Tensor scales = maximum(w.abs().max({1}, true) / 127.0, scalar_like(kScaleFloor, w));
-  const Tensor q = clamp(round_half_up(w / scales), -127, 127);
+  const int limit = int8_weight_limit(weight.device());
+  const Tensor scales = maximum(w.abs().max({1}, true) / static_cast<double>(limit), scalar_like(kScaleFloor, w));
+  const Tensor q = clamp(round_half_up(w / scales), -limit, limit);
   QuantizedWeight out;
   out.values = cast(zero_nan(q).t(), DType::Int8);  // (in, out): the matmul's B
   out.scales = scales.reshape({weight.size(0)});

@@ -37,7 +37,8 @@ struct QuantizeOptions {
 };
 
 // A weight (out, in) quantized per output channel: values (in, out) int8 in [-127, 127] (laid out
-// for the matmul, the transpose of the weight) and scales (out) float32, with
+// for the matmul, the transpose of the weight; [-63, 63] on a CPU without VNNI, whose int8 matmul
+// would saturate: int8_weight_limit in ops/library.h) and scales (out) float32, with
 // weight[o][i] ~= values[i][o] * scales[o], each within scales[o] / 2.
 struct QuantizedWeight {
   Tensor values;  // (in, out) int8

@@ -18,6 +18,8 @@ bool library_conv(Device device, DType t) {
   return cuda::is_gpu(device) ? cuda::cudnn_supports_conv(t) : cpu::onednn_supports_conv(t);
 }
 
+int int8_weight_limit(Device device) { return device.is_cpu() ? cpu::onednn_int8_weight_limit() : 127; }
+
 }  // namespace kiln
 
 namespace kiln::prim {

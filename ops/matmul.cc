@@ -15,9 +15,10 @@ Tensor matmul(const Tensor& a_raw, const Tensor& b_raw) {
              shape_str(a_in.shape()), shape_str(b_in.shape()));
   DType t = promote(a_in.dtype(), b_in.dtype());
   if (!is_floating(t)) t = DType::Float32;
-  if (t == DType::Float16 && !library_matmul(a_in.device(), t) && library_matmul(a_in.device(), DType::Float32)) {
-    // No float16 library product here (a CPU without native float16): the float32 product of
-    // the widened operands, rounded once. Correct (closer than float16 accumulation), not faster.
+  if ((t == DType::Float16 || t == DType::BFloat16) && !library_matmul(a_in.device(), t) &&
+      library_matmul(a_in.device(), DType::Float32)) {
+    // No float16 (or bfloat16: a CPU without AVX-512) library product here: the float32 product of
+    // the widened operands, rounded once. Correct (closer than half accumulation), not faster.
     return cast(matmul(cast(a_in, DType::Float32), cast(b_in, DType::Float32)), t);
   }
   Tensor a = cast(a_in.dim() == 1 ? unsqueeze(a_in, 0) : a_in, t);

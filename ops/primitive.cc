@@ -12,8 +12,12 @@ Tensor make(Op op, DType dtype, Shape shape, std::vector<Tensor> inputs, std::ve
   return finish(record(op, dtype, std::move(shape), std::move(inputs), std::move(ints)));
 }
 
+// Eager mode runs every op that computes at once. A view (reshape, permute, slice, ...) stays a
+// view of its input until the op reading it runs, as in lazy mode: a copy would hand a matmul
+// another operand layout, which oneDNN sums in another order (eager and lazy must agree bit for
+// bit; the transpose in a weight gradient did not, on AVX2).
 Tensor finish(Tensor t) {
-  if (!flags().lazy) t.realize();
+  if (!flags().lazy && op_kind(t.node()->op) != OpKind::Movement) t.realize();
   return t;
 }
 

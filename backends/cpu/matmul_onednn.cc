@@ -328,6 +328,14 @@ void onednn_pack_int8_weight(const void* plain, void* packed, int64_t K, int64_t
   }
 }
 
+int onednn_int8_weight_limit() {
+  static const int limit =
+      __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni") || __builtin_cpu_supports("amx-int8")
+          ? 127
+          : 63;
+  return limit;
+}
+
 void onednn_quantized_matmul(const void* a, const void* b, float* c, int64_t M, int64_t K, int64_t N, bool b_packed) {
   KILN_CHECK(M >= 0 && K >= 0 && N >= 0, "quantized_matmul", "negative size in ({}, {}) x ({}, {})", M, K, K, N);
   if (M == 0 || N == 0) return;

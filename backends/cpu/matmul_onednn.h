@@ -43,6 +43,10 @@ namespace kiln::cpu {
 // the weight as onednn_pack_int8_weight laid it out: no repacking on each call.
 void onednn_quantized_matmul(const void* a, const void* b, float* c, int64_t M, int64_t K, int64_t N,
                              bool b_packed = false);
+// The largest weight magnitude onednn_quantized_matmul sums exactly: 127 where the CPU has VNNI
+// (or AMX); 63 elsewhere, where oneDNN adds pairs of u8 x s8 products in int16 (vpmaddubsw), which
+// saturates for 255 x 127 x 2 but not for 255 x 63 x 2 (PyTorch's fbgemm narrows its range too).
+int onednn_int8_weight_limit();
 // The bytes of a (K, N) int8 weight in the blocked layout oneDNN's int8 matmul reads on this CPU,
 // or 0 when that layout is the plain one (nothing to gain by packing).
 int64_t onednn_packed_int8_weight_bytes(int64_t K, int64_t N);

@@ -54,6 +54,9 @@ class CppKernelRenderer {
   }
   void render_column_reduce(std::string& out, const char* acc_t, const std::string& init, bool is_sum,
                             bool parallel) const;
+  void render_lane_sum(std::string& out, const std::string& indent, const char* acc_t, size_t first_reduce,
+                       const std::string& lo, const std::string& hi) const;
+  void render_blocked_sum(std::string& out, const char* acc_t, bool parallel) const;
   std::string attention_view(const AttentionOperand& op) const;
   void render_attention(std::string& out) const;
 
@@ -95,6 +98,58 @@ void CppKernelRenderer::render_column_reduce(std::string& out, const char* acc_t
   out += fmt::format("      const int64_t {} = c0 + j;\n", inner.var);
   out += fmt::format("      {}[{}] = {};\n", buf(0), idx(k_.store_index), store_value(k_.buffers[0].dtype, "acc[j]"));
   out += "    }\n  }\n";
+}
+
+// A float sum in a fixed order, whatever the vector width, the fusion or the thread count
+// (issue 18's one result): element r of the innermost reduce loop goes to lane r % 16, each lane
+// adds its elements in order, and the 16 lanes are folded by halves. Vectorized or not (a fused
+// producer GCC cannot vectorize, AVX2 or AVX-512), the additions are the same. Reads loops
+// [first_reduce, end) with the innermost over [lo, hi); leaves the sum in `part[0]`.
+void CppKernelRenderer::render_lane_sum(std::string& out, const std::string& indent, const char* acc_t,
+                                        size_t first_reduce, const std::string& lo, const std::string& hi) const {
+  constexpr int kLanes = 16;
+  out += fmt::format("{}{} kiln_part[{}];\n{}for (int kiln_j = 0; kiln_j < {}; ++kiln_j) kiln_part[kiln_j] = 0;\n", indent, acc_t, kLanes, indent,
+                     kLanes);
+  std::string in = indent;
+  for (size_t l = first_reduce; l + 1 < k_.loops.size(); ++l) {
+    out += fmt::format("{0}for (int64_t {1} = 0; {1} < {2}LL; ++{1}) {{\n", in, k_.loops[l].var, k_.loops[l].extent);
+    in += "  ";
+  }
+  const std::string& r = k_.loops.back().var;
+  const std::string result = v(k_.value);
+  out += fmt::format("{}const int64_t kiln_full = {} + ({} - {}) / {} * {};\n", in, lo, hi, lo, kLanes, kLanes);
+  out += fmt::format("{}for (int64_t kiln_base = {}; kiln_base < kiln_full; kiln_base += {}) {{\n", in, lo, kLanes);
+  out += fmt::format("{}  #pragma omp simd\n{}  for (int64_t kiln_j = 0; kiln_j < {}; ++kiln_j) {{\n", in, in, kLanes);
+  out += fmt::format("{}    const int64_t {} = kiln_base + kiln_j;\n", in, r);
+  emit_values(out, in + "    ");
+  out += fmt::format("{}    kiln_part[kiln_j] += {};\n{}  }}\n{}}}\n", in, result, in, in);
+  out += fmt::format("{0}for (int64_t {1} = kiln_full; {1} < {2}; ++{1}) {{\n", in, r, hi);
+  emit_values(out, in + "  ");
+  out += fmt::format("{}  kiln_part[{} - kiln_full] += {};\n{}}}\n", in, r, result, in);
+  for (size_t l = first_reduce; l + 1 < k_.loops.size(); ++l) {
+    in.resize(in.size() - 2);
+    out += in + "}\n";
+  }
+  out += fmt::format("{}for (int kiln_w = {}; kiln_w > 0; kiln_w /= 2)\n{}  for (int kiln_j = 0; kiln_j < kiln_w; ++kiln_j) kiln_part[kiln_j] += kiln_part[kiln_j + kiln_w];\n",
+                     indent, kLanes / 2, indent);
+}
+
+// A whole 1-d float sum: fixed blocks summed in lanes (render_lane_sum), on any thread, then the
+// block sums added in order, so the thread count does not move the result either.
+void CppKernelRenderer::render_blocked_sum(std::string& out, const char* acc_t, bool parallel) const {
+  const int64_t extent = k_.loops[0].extent;
+  constexpr int64_t kMaxBlocks = 4096;
+  int64_t block = 16384;
+  if ((extent + block - 1) / block > kMaxBlocks) block = ((extent + kMaxBlocks - 1) / kMaxBlocks + 15) / 16 * 16;
+  const int64_t blocks = std::max<int64_t>(1, (extent + block - 1) / block);
+  out += fmt::format("  {} kiln_block_sum[{}];\n", acc_t, blocks);
+  if (parallel && blocks > 1) out += "  #pragma omp parallel for\n";
+  out += fmt::format("  for (int64_t kiln_b = 0; kiln_b < {}LL; ++kiln_b) {{\n", blocks);
+  out += fmt::format("    const int64_t kiln_lo = kiln_b * {0}LL, kiln_hi = kiln_lo + {0}LL < {1}LL ? kiln_lo + {0}LL : {1}LL;\n", block, extent);
+  render_lane_sum(out, "    ", acc_t, 0, "kiln_lo", "kiln_hi");
+  out += "    kiln_block_sum[kiln_b] = kiln_part[0];\n  }\n";
+  out += fmt::format("  {} acc = 0;\n  for (int64_t kiln_b = 0; kiln_b < {}LL; ++kiln_b) acc += kiln_block_sum[kiln_b];\n", acc_t, blocks);
+  out += fmt::format("  {}[{}] = {};\n", buf(0), idx(k_.store_index), store_value(k_.buffers[0].dtype, "acc"));
 }
 
 // bfloat16 operands (q, k, v under autocast) are read through the prelude's KilnBf16.
@@ -208,6 +263,12 @@ std::string CppKernelRenderer::render() {
     int64_t reduce_extent = 1;
     for (size_t l = has_outer ? 1 : 0; l < k_.loops.size(); ++l) reduce_extent *= k_.loops[l].extent;
     const bool simd_outer = has_outer && reduce_extent <= 16;
+    const bool lanes = is_sum && is_floating(acc_dtype) && !simd_outer && k_.loops.size() > (has_outer ? 1u : 0u);
+    if (lanes && !has_outer && k_.loops.size() == 1) {
+      render_blocked_sum(out, acc_t, parallel);
+      out += "}\n";
+      return out;
+    }
     if (has_outer) {
       if (parallel || simd_outer) out += fmt::format("  #pragma omp {}{}\n", parallel_for, simd_outer ? "simd" : "");
       out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", k_.loops[0].var, k_.loops[0].extent);
@@ -215,6 +276,14 @@ std::string CppKernelRenderer::render() {
     }
     out += fmt::format("{}{} acc = {};\n", indent, acc_t, init);
     size_t first_reduce = has_outer ? 1 : 0;
+    if (lanes) {
+      render_lane_sum(out, indent, acc_t, first_reduce, "0", fmt::format("{}LL", k_.loops.back().extent));
+      out += fmt::format("{}acc = kiln_part[0];\n", indent);
+      out += fmt::format("{}{}[{}] = {};\n", indent, buf(0), idx(k_.store_index), store_value(out_t, "acc"));
+      if (has_outer) out += "  }\n";
+      out += "}\n";
+      return out;
+    }
     std::string inner_indent = indent;
     for (size_t l = first_reduce; l < k_.loops.size(); ++l) {
       const Loop& loop = k_.loops[l];

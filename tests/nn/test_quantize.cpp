@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <kiln/kiln.h>
 
+#include "ops/library.h"
 #include "ops/primitive.h"
 
 #include <cmath>
@@ -236,4 +237,29 @@ TEST_CASE("quantize_dynamic(bits 4) and KILN_QUANTIZE_BITS=4 run every Linear on
   CHECK(packed == (64 * 128 + 128 * 10) / 2);  // half a byte per weight
   CHECK(sqnr_db(want, model.forward(x)) >= 15.0);
   CHECK_THROWS_WITH(nn::quantize_dynamic(model, nn::QuantizeOptions().bits(8)), Catch::Contains("already quantized to 4 bits"));
+}
+
+TEST_CASE("the int8 matmul sums the extreme products exactly at the weight limit of this CPU", "[quantize]") {
+  // Without VNNI, oneDNN adds pairs of u8 x s8 products in int16: weights up to 127 would saturate
+  // there, so quantize_per_channel stops at int8_weight_limit (63 on such a CPU).
+  const Device host = Device::cpu();
+  const int limit = int8_weight_limit(host);
+  CHECK((limit == 127 || limit == 63));
+  const int64_t M = 4, K = 64, N = 8;
+  std::vector<int8_t> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(K * N));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<int8_t>(i % 3 == 0 ? -127 : 127);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<int8_t>(i % 5 == 0 ? -limit : limit);
+  std::vector<float> want(static_cast<size_t>(M * N), 0.0f);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      int64_t sum = 0;
+      for (int64_t k = 0; k < K; ++k) sum += int64_t{a[m * K + k]} * b[k * N + n];
+      want[m * N + n] = static_cast<float>(sum);
+    }
+  const Tensor ta = from_vector<int8_t>(a, {M, K}).to(host), tb = from_vector<int8_t>(b, {K, N}).to(host);
+  CHECK(prim::quantized_matmul(ta, tb).to_vector<float>() == want);
+  // And the weights quantize_per_channel makes stay within the limit.
+  manual_seed(5);
+  for (int8_t v : nn::quantize_per_channel(randn({16, 32}).to(host)).values.to_vector<int8_t>())
+    CHECK((v >= -limit && v <= limit));
 }

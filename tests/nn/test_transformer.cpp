@@ -182,7 +182,11 @@ TEST_CASE("MultiheadAttention: fused and separate projections agree; bad shapes 
   std::vector<float> a = fused.forward(x).to_vector<float>(), b = separate.forward(x).to_vector<float>();
   REQUIRE(a.size() == b.size());
   for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == Approx(b[i]).margin(1e-5));
-  CHECK(fused.forward(x, x, x).to_vector<float>() == a);  // the three-argument form with self-attention
+  // The three-argument form with self-attention (it may project q, k and v as three products,
+  // which oneDNN need not sum in the one product's order: close, not always bit for bit).
+  const std::vector<float> three = fused.forward(x, x, x).to_vector<float>();
+  REQUIRE(three.size() == a.size());
+  for (size_t i = 0; i < a.size(); ++i) CHECK(three[i] == Approx(a[i]).margin(1e-6));
   CHECK_THROWS_WITH(nn::MultiheadAttention(10, 3), Catch::Contains("multiple of heads"));
   CHECK_THROWS_WITH(fused.forward(randn({2, 5, 7})), Catch::Contains("(B, T, 8)"));
 }

@@ -712,6 +712,13 @@ bool Lowerer::build_kernels() {
 
 }  // namespace
 
+bool reads_at_store_index(const Kernel& k, int b) {
+  const std::string store = k.ctx.render(k.store_index);
+  for (const Expr& e : k.exprs)
+    if (e.buffer == b && (e.kind != Expr::Kind::Load || k.ctx.render(e.index) != store)) return false;
+  return true;
+}
+
 Program lower(const PendingGraph& graph, Schedule schedule) {
   for (size_t attempt = 0;; ++attempt) {
     Lowerer l(graph, schedule);

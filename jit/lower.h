@@ -35,6 +35,10 @@ struct Program {
   std::vector<PlanAlias> aliases;
 };
 
+// Whether every read of kernel buffer `b` in `k` is a plain load of the element `k` stores (each
+// element is read before it is written, and no other element is read).
+bool reads_at_store_index(const Kernel& k, int b);
+
 // A matmul operand that turns out not to be a strided view of a buffer (a reshape that mixes
 // dimensions) is given a buffer of its own: `schedule` is amended and lowering starts over.
 Program lower(const PendingGraph& graph, Schedule schedule);

@@ -17,12 +17,7 @@ bool reads_only_in_place(const Kernel& k, int b) {
   if (k.kind != KernelKind::Elementwise) return false;
   // A tile's matmul reads whole rows and columns of its operands, other tiles' elements too.
   if (k.tiles.buffer >= 0 && (b == k.matmul.a_buffer || b == k.matmul.b_buffer)) return false;
-  std::string store = k.ctx.render(k.store_index);
-  for (const Expr& e : k.exprs) {
-    if (e.buffer != b) continue;
-    if (e.kind != Expr::Kind::Load || k.ctx.render(e.index) != store) return false;
-  }
-  return true;
+  return reads_at_store_index(k, b);
 }
 
 // Whether kernel k runs as a phase of a row group of two or more kernels.

@@ -19,15 +19,6 @@ bool stores_in_loop_order(const Kernel& k) {
   return k.loops.size() == 1 || k.ctx.coefficient(k.store_index, k.loops[1].var) == 1;
 }
 
-// Whether every read of buffer `b` in `k` is a plain load of the element the kernel stores.
-bool reads_at_store_index(const Kernel& k, int b) {
-  const std::string store = k.ctx.render(k.store_index);
-  for (const Expr& e : k.exprs)
-    if (e.buffer == b && (e.kind != Expr::Kind::Load || !e.guards.empty() || k.ctx.render(e.index) != store))
-      return false;
-  return true;
-}
-
 // The kernel-local index of `slot` in `k`, added as a read-only buffer when absent.
 int buffer_of(Kernel& k, int slot, DType dtype) {
   for (size_t b = 0; b < k.buffers.size(); ++b)

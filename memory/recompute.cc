@@ -2,6 +2,7 @@
 // pass that rewrites a pending graph to fit KILN_MEMORY_BUDGET (called by jit/executor.cc).
 #include "memory/recompute.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <unordered_set>
@@ -202,15 +203,28 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
              "KILN_MEMORY_BUDGET={} allows a {} arena but this plan needs {} and keeps no forward activation for a "
              "backward pass, so recomputation cannot help; raise the budget or make the batch smaller",
              budget_text, format_bytes(budget), format_bytes(unconstrained_arena));
-  // Keep every k-th saved activation and recompute the ones in between: the arena falls from
-  // k = 1 (keep all) to about k = √n, then rises again as whole stretches are recomputed at once.
-  const int max_k = std::min(count + 1, 2 * static_cast<int>(std::ceil(std::sqrt(count))) + 4);
+  // Cheapest first. Tier 1: the values elementwise work gives back from what the backward keeps
+  // anyway (choose_cheap_recompute: a few operations per element, no matmul). Tier 2: those,
+  // plus every k-th of the other saved values (matmul and convolution outputs, whose copies cost
+  // their FLOPs again) from k large (few copies) down to 2; the arena falls to about k = √n, then
+  // rises again as whole stretches are recomputed at once. The first choice that fits is taken.
+  const std::vector<int> cheap = choose_cheap_recompute(nodes, true);
+  std::vector<char> is_cheap(nodes.size(), 0);
+  for (int p : cheap) is_cheap[p] = 1;
+  std::vector<int> costly;
+  for (int p : saved)
+    if (!is_cheap[p]) costly.push_back(p);
+  const int n_costly = static_cast<int>(costly.size());
+  const int max_k = std::min(n_costly + 1, 2 * static_cast<int>(std::ceil(std::sqrt(std::max(n_costly, 1)))) + 4);
   RecomputeChoice best{{}, unconstrained_arena};
   int best_k = 1;
-  for (int k = 2; k <= max_k; ++k) {
+  auto weigh = [&](int k) {  // k = 0: the cheap values alone
     RecomputeChoice choice;
-    for (int j = 0; j < count; ++j)
-      if (j % k != k - 1) choice.dropped.push_back(saved[j]);
+    choice.dropped = cheap;
+    for (int j = 0; k >= 2 && j < n_costly; ++j)
+      if (j % k != k - 1) choice.dropped.push_back(costly[j]);
+    std::sort(choice.dropped.begin(), choice.dropped.end());
+    if (choice.dropped.empty()) return false;
     RecomputeRewrite rewrite = apply_recompute(nodes, choice.dropped);
     try {
       choice.arena_bytes = arena_of_current_graph();
@@ -219,17 +233,22 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
       throw;
     }
     rewrite.undo();
-    if (choice.arena_bytes <= budget) return choice;
-    if (choice.arena_bytes < best.arena_bytes) {
+    const bool fits = choice.arena_bytes <= budget;
+    if (fits || choice.arena_bytes < best.arena_bytes) {
       best = std::move(choice);
       best_k = k;
     }
-  }
+    return fits;
+  };
+  if (weigh(0)) return best;
+  for (int k = max_k; k >= 2; --k)
+    if (weigh(k)) return best;
   best.missed = fmt::format(
       "KILN_MEMORY_BUDGET={} allows a {} arena but this plan needs {}; recomputing forward activations "
-      "(keeping every k-th of the {} saved for the backward, k = 2..{}) gets it down to {} at best{}. Raise "
-      "the budget, make the batch smaller, or mark segments by hand with kiln::checkpoint",
-      budget_text, format_bytes(budget), format_bytes(unconstrained_arena), count, max_k,
+      "(the {} elementwise work gives back, and every k-th of the other {} saved for the backward, k = 2..{}) gets "
+      "it down to {} at best{}. Raise the budget, make the batch smaller, or mark segments by hand with "
+      "kiln::checkpoint",
+      budget_text, format_bytes(budget), format_bytes(unconstrained_arena), cheap.size(), n_costly, max_k,
       format_bytes(best.arena_bytes), best_k > 1 ? fmt::format(" (k = {})", best_k) : "");
   return best;
 }

@@ -205,9 +205,10 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
              budget_text, format_bytes(budget), format_bytes(unconstrained_arena));
   // Cheapest first. Tier 1: the values elementwise work gives back from what the backward keeps
   // anyway (choose_cheap_recompute: a few operations per element, no matmul). Tier 2: those,
-  // plus every k-th of the other saved values (matmul and convolution outputs, whose copies cost
-  // their FLOPs again) from k large (few copies) down to 2; the arena falls to about k = √n, then
-  // rises again as whole stretches are recomputed at once. The first choice that fits is taken.
+  // plus the other saved values (matmul and convolution outputs, whose copies cost their FLOPs
+  // again) but every k-th, from k = 2 (half of them copied) up; the arena falls to about k = √n,
+  // then rises again as whole stretches are recomputed at once. The first choice that fits is
+  // taken: the least recomputation.
   const std::vector<int> cheap = choose_cheap_recompute(nodes, true);
   std::vector<char> is_cheap(nodes.size(), 0);
   for (int p : cheap) is_cheap[p] = 1;
@@ -241,7 +242,7 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
     return fits;
   };
   if (weigh(0)) return best;
-  for (int k = max_k; k >= 2; --k)
+  for (int k = 2; k <= max_k; ++k)
     if (weigh(k)) return best;
   best.missed = fmt::format(
       "KILN_MEMORY_BUDGET={} allows a {} arena but this plan needs {}; recomputing forward activations "

@@ -103,9 +103,11 @@ RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::v
 // it. When no choice fits, returns the one with the smallest arena found and says why in `missed`
 // (the caller warns, or throws under KILN_MEMORY_BUDGET_STRICT); a plan that keeps no activation
 // for a backward is an Error (nothing to recompute), except that a fraction budget leaves it alone
-// (it budgets what a backward keeps). The policy: keep every k-th saved
-// activation in forward order and recompute the rest (√n checkpointing for chains), trying
-// k = 2, 3, ... up to about 2√n and taking the first (least recomputation) that fits.
+// (it budgets what a backward keeps). The policy, cheapest first: recompute the activations
+// elementwise work gives back from what the backward keeps anyway (choose_cheap_recompute); if
+// that is not enough, also keep only every k-th of the other saved activations in forward order
+// and recompute the rest (√n checkpointing for chains), trying k = 2, 3, ... up to about 2√n and
+// taking the first (least recomputation) that fits.
 RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budget, int64_t unconstrained_arena,
                                  const std::string& budget_text,
                                  const std::function<int64_t()>& arena_of_current_graph);

@@ -212,3 +212,30 @@ TEST_CASE("mean of float16 and bfloat16 does not overflow", "[forward][reduce][d
   check_close(kiln::mean(kiln::full({2, 1000}, 3.0, DType::BFloat16), {1}), {3, 3}, 1e-2);
   CHECK(std::isinf(kiln::sum(h).item()));  // the sum itself is float16 and does overflow
 }
+
+// Issue 18's one result: a float sum adds in one fixed order (16 lanes folded by halves, fixed
+// blocks), so it does not depend on whether its producer is fused or stored, on the vector width
+// GCC picks for the fused code (exp does not vectorize like a plain load), or on the thread count.
+TEST_CASE("float sums give the same bits fused or stored, on one thread or several", "[forward][reduce]") {
+  using kiln::FlagsGuard;
+  using kiln::flags;
+  for (DType t : {DType::Float32, DType::Float64})
+    for (int64_t n : {int64_t{37}, int64_t{1000}, int64_t{300001}}) {
+      INFO(kiln::dtype_name(t) << ", " << n << " elements");
+      const Tensor x = kiln::cast(kiln::randn({n}) * 0.5, t).realize();
+      auto bits = [](const Tensor& s) { return kiln::cast(s, DType::Float64).to_vector<double>(); };
+      const std::vector<double> fused = bits(kiln::sum(kiln::exp(x)));
+      Tensor held = kiln::exp(x).realize();  // the producer stored, the sum reads memory
+      CHECK(bits(kiln::sum(held)) == fused);
+      for (int threads : {1, 2, 3}) {
+        FlagsGuard guard;
+        flags().num_threads = threads;
+        flags().plan_cache = false;
+        CHECK(bits(kiln::sum(kiln::exp(x))) == fused);
+      }
+      // Rows: the lanes of each row's sum, with and without a fused producer.
+      const Tensor m = kiln::reshape(x.slice(0, 0, n / 37 * 37), {n / 37, 37});
+      Tensor stored = kiln::exp(m).realize();
+      CHECK(bits(kiln::sum(stored, {1})) == bits(kiln::sum(kiln::exp(m), {1})));
+    }
+}

@@ -104,7 +104,7 @@ static int64_t parameter_bytes(nn::Module& model) {
   return bytes;
 }
 
-static double evaluate(nn::Module& model, const data::Dataset& test, kiln::Device device) {
+static double evaluate(nn::Module& model, const data::FashionMnist& test, kiln::Device device) {
   KILN_CHECK(test.size() > 0, "train_mnist", "the test set is empty: there is nothing to measure accuracy on");
   kiln::NoGradGuard no_grad;
   model.eval();
@@ -112,14 +112,14 @@ static double evaluate(nn::Module& model, const data::Dataset& test, kiln::Devic
   int64_t correct = 0;
   for (data::Batch& batch : loader)
     correct += static_cast<int64_t>(
-        count_correct(model.forward(batch.input.to(device)), batch.target.to(device)).item());
+        count_correct(model.forward(test.to_float(batch.input.to(device))), batch.target.to(device)).item());
   model.train();
   return 100.0 * static_cast<double>(correct) / static_cast<double>(test.size());
 }
 
 // --quantize 8: the trained model's test accuracy, bytes and inference speed in float32, then
 // with every Linear int8 (nn::quantize_dynamic), both measured here on the whole test set.
-static void compare_quantized(nn::Module& model, const data::Dataset& test, kiln::Device device, int bits) {
+static void compare_quantized(nn::Module& model, const data::FashionMnist& test, kiln::Device device, int bits) {
   auto timed = [&] {
     evaluate(model, test, device);  // warm-up: compiles the plans
     auto start = std::chrono::steady_clock::now();
@@ -205,7 +205,7 @@ static void print_saved(nn::Module& model, const Tensor& x, const Tensor& labels
              format_bytes(low.inputs), format_bytes(low.weights), format_bytes(wide.weights));
 }
 
-static void fit(const Settings& settings, const data::Dataset& train_set, const data::Dataset& test) {
+static void fit(const Settings& settings, const data::FashionMnist& train_set, const data::FashionMnist& test) {
   const auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir,
                amp, seed, data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule, tensor_parallel,
                trace_path, memory_report, quantize, compress_activations] = settings;
@@ -270,7 +270,7 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
       if (accumulate > 1) optimizer.zero_grad();
       for (int64_t at = 0; at < rows; at += micro) {
         // No handle to the logits outlives the step: it would keep the update from running in place.
-        Tensor x = batch.input.to(run_on), labels = batch.target.to(run_on);  // no copy for the CPU
+        Tensor x = train_set.to_float(batch.input.to(run_on)), labels = batch.target.to(run_on);  // no copy for the CPU
         if (accumulate > 1) x = x.slice(0, at, std::min(rows, at + micro)), labels = labels.slice(0, at, std::min(rows, at + micro));
         std::optional<kiln::AutocastGuard> autocast;  // none: KILN_AMP still applies
         if (amp != "none") autocast.emplace(amp_dtype(amp));  // matmuls and convolutions in bf16/fp16
@@ -345,7 +345,7 @@ static void fit(const Settings& settings, const data::Dataset& train_set, const 
 
 // --pipeline: every rank reads the same batches; stage s holds only its layers and their
 // optimizer state; the last stage reports.
-static void fit_pipeline(const Settings& settings, const data::Dataset& train_set, const data::Dataset& test) {
+static void fit_pipeline(const Settings& settings, const data::FashionMnist& train_set, const data::FashionMnist& test) {
   namespace dist = kiln::distributed;
   // With --data-parallel: replica r runs its stages on ranks [r * P, (r + 1) * P), and the ranks
   // holding the same stage average their gradients (a 2-D layout of replicas x stages).
@@ -395,7 +395,7 @@ static void fit_pipeline(const Settings& settings, const data::Dataset& train_se
     int64_t step = 0, seen = 0;
     for (data::Batch& batch : loader) {
       tracer.before(global_step);
-      Tensor loss = pipe.train_step(optimizer, batch.input, batch.target, loss_fn);
+      Tensor loss = pipe.train_step(optimizer, train_set.to_float(batch.input), batch.target, loss_fn);
       schedule.step();
       if (global_step > 0) step_seconds += pipe.last_step().step_seconds, waited += pipe.last_step().recv_wait_seconds;
       peak_live = std::max(peak_live, pipe.last_step().peak_live_micro_batches);
@@ -416,7 +416,7 @@ static void fit_pipeline(const Settings& settings, const data::Dataset& train_se
     data::DataLoader eval_loader(test, data::DataLoaderOptions(1000));
     int64_t correct = 0;
     for (data::Batch& batch : eval_loader) {
-      Tensor logits = pipe.forward(batch.input);
+      Tensor logits = pipe.forward(test.to_float(batch.input));
       if (pipe.is_last()) correct += static_cast<int64_t>(count_correct(logits, batch.target).item());
     }
     pipe.train();
@@ -533,7 +533,8 @@ int main(int argc, char** argv) {
                accumulate, batch_size);
     kiln::manual_seed(seed);
     if (data_dir.empty()) data_dir = data::default_fashion_mnist_dir();
-    auto normalized = data::FashionMnistOptions().normalize();  // (x - 0.2860) / 0.3530
+    // (x - 0.2860) / 0.3530; batches of pixel bytes, turned into floats inside the step
+    auto normalized = data::FashionMnistOptions().normalize().bytes();
     data::FashionMnist train(data_dir, data::Split::Train, normalized);
     data::FashionMnist test(data_dir, data::Split::Test, normalized);
 

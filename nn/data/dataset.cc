@@ -42,6 +42,11 @@ Example Dataset::get(int64_t index) const {
   return {from_vector(input, input_shape()), from_vector(target, target_shape())};
 }
 
+void Dataset::read_bytes(int64_t, uint8_t*, int64_t*) const {
+  KILN_FAIL("Dataset", "read_bytes is for datasets whose input_dtype() is uint8; this one hands out {}",
+            dtype_name(input_dtype()));
+}
+
 TensorDataset::TensorDataset(std::vector<float> inputs, Shape input_shape, std::vector<int64_t> targets,
                              Shape target_shape)
     : inputs_(std::move(inputs)),
@@ -97,7 +102,8 @@ namespace {
 struct HostBatch {
   int64_t index = 0;
   std::vector<int64_t> indices;  // (B)
-  std::vector<float> input;      // (B, input_shape...)
+  std::vector<float> input;      // (B, input_shape...), for float32 inputs
+  std::vector<uint8_t> bytes;    // (B, input_shape...), for uint8 inputs
   std::vector<int64_t> target;   // (B, target_shape...)
 };
 }  // namespace
@@ -148,7 +154,8 @@ class EpochRun {
     ++delivered_;
     auto batch = std::make_shared<Batch>();
     int64_t b = static_cast<int64_t>(host.indices.size());
-    batch->input = from_vector(host.input, prepend(b, dataset_.input_shape()));
+    batch->input = dataset_.input_dtype() == DType::UInt8 ? from_vector(host.bytes, prepend(b, dataset_.input_shape()))
+                                                          : from_vector(host.input, prepend(b, dataset_.input_shape()));
     batch->target = from_vector(host.target, prepend(b, dataset_.target_shape()));
     batch->index = host.index;
     batch->indices = std::move(host.indices);
@@ -163,8 +170,14 @@ class EpochRun {
     HostBatch host;
     host.index = batch_index;
     host.indices.assign(order_.begin() + start, order_.begin() + stop);
-    host.input.resize((stop - start) * per_input);
     host.target.resize((stop - start) * per_target);
+    if (dataset_.input_dtype() == DType::UInt8) {  // a gather of bytes: a quarter of the floats
+      host.bytes.resize((stop - start) * per_input);
+      for (int64_t k = 0; k < stop - start; ++k)
+        dataset_.read_bytes(host.indices[k], host.bytes.data() + k * per_input, host.target.data() + k * per_target);
+      return host;
+    }
+    host.input.resize((stop - start) * per_input);
     for (int64_t k = 0; k < stop - start; ++k)
       dataset_.read(host.indices[k], host.input.data() + k * per_input, host.target.data() + k * per_target);
     return host;

@@ -36,6 +36,11 @@ class Dataset {
   virtual Shape target_shape() const { return {}; }  // one example's target; {} = a single label
   // Copies example i: numel(input_shape()) floats to `input`, numel(target_shape()) int64 to `target`.
   virtual void read(int64_t index, float* input, int64_t* target) const = 0;
+  // The element type of the batches a DataLoader gathers: float32 (read), or uint8 for a dataset
+  // that hands out its bytes (read_bytes) and turns them into floats inside the training step.
+  virtual DType input_dtype() const { return DType::Float32; }
+  // As read, the example's input as numel(input_shape()) bytes; for input_dtype() UInt8 only.
+  virtual void read_bytes(int64_t index, uint8_t* input, int64_t* target) const;
 
   Example get(int64_t index) const;  // example `index` as realized tensors; checks the range
 };
@@ -62,7 +67,8 @@ class TensorDataset : public Dataset {
   int64_t size_ = 0;
 };
 
-// A batch: input (B, input_shape...) float32, target (B, target_shape...) int64, both realized.
+// A batch: input (B, input_shape...) float32 (or uint8: Dataset::input_dtype), target
+// (B, target_shape...) int64, both realized.
 // B is the batch size except for a last partial batch (when drop_last is off).
 struct Batch {
   Tensor input;

@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "core/flags.h"
+#include "ops/ops.h"
 
 namespace kiln::nn::data {
 
@@ -155,6 +156,8 @@ FashionMnist::FashionMnist(const std::string& dir, Split split, FashionMnistOpti
     shift = -options_.mean_ / options_.stddev_;
   }
   for (int b = 0; b < 256; ++b) value_[b] = static_cast<float>(b) * scale + shift;
+  scale_ = scale;
+  shift_ = shift;
   pixels_ = std::move(images.data);
   labels_.resize(labels.data.size());
   for (size_t i = 0; i < labels.data.size(); ++i) {
@@ -166,6 +169,18 @@ FashionMnist::FashionMnist(const std::string& dir, Split split, FashionMnistOpti
 
 Shape FashionMnist::input_shape() const {
   return options_.image_shape_ ? Shape{1, kRows, kCols} : Shape{kRows * kCols};
+}
+
+void FashionMnist::read_bytes(int64_t index, uint8_t* input, int64_t* target) const {
+  std::memcpy(input, pixels_.data() + index * kRows * kCols, kRows * kCols);
+  *target = labels_[index];
+}
+
+Tensor FashionMnist::to_float(const Tensor& bytes) const {
+  KILN_CHECK(bytes.dtype() == DType::UInt8, "FashionMnist::to_float", "takes the uint8 pixels of a batch, got {}",
+             bytes.str());
+  // The same float operations as the table: the float32 product, rounded, plus the shift.
+  return cast(bytes, DType::Float32) * static_cast<double>(scale_) + static_cast<double>(shift_);
 }
 
 void FashionMnist::read(int64_t index, float* input, int64_t* target) const {

@@ -37,9 +37,13 @@ struct FashionMnistOptions {
   FashionMnistOptions& normalize(bool v = true) { normalize_ = v; return *this; }
   FashionMnistOptions& mean(float v) { mean_ = v; return *this; }
   FashionMnistOptions& stddev(float v) { stddev_ = v; return *this; }
+  // Batches hold the pixels as uint8 (a quarter of the bytes to gather and keep); to_float()
+  // scales (and normalizes) them inside the step, where the cast fuses into the first kernel.
+  FashionMnistOptions& bytes(bool v = true) { bytes_ = v; return *this; }
 
   bool image_shape_ = false;
   bool normalize_ = false;
+  bool bytes_ = false;
   float mean_ = 0.2860f;
   float stddev_ = 0.3530f;
 };
@@ -58,6 +62,11 @@ class FashionMnist : public Dataset {
   int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
   Shape input_shape() const override;
   void read(int64_t index, float* input, int64_t* target) const override;
+  DType input_dtype() const override { return options_.bytes_ ? DType::UInt8 : DType::Float32; }
+  void read_bytes(int64_t index, uint8_t* input, int64_t* target) const override;
+  // A batch of pixel bytes (any shape) as the floats read() gives, bit for bit: x * scale + shift
+  // with read()'s float scale and shift, recorded lazily (it fuses into the step's first kernel).
+  Tensor to_float(const Tensor& bytes) const;
 
   const std::vector<uint8_t>& pixels() const { return pixels_; }  // (N, 784), as in the files
   float value(uint8_t pixel) const { return value_[pixel]; }       // what read() gives for a pixel
@@ -68,6 +77,7 @@ class FashionMnist : public Dataset {
   FashionMnistOptions options_;
   std::vector<uint8_t> pixels_;
   float value_[256] = {};  // pixel byte -> its scaled (and normalized) float
+  float scale_ = 1, shift_ = 0;  // value_[b] = b * scale_ + shift_
   std::vector<int64_t> labels_;
 };
 

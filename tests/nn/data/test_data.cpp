@@ -24,6 +24,7 @@
 
 namespace fs = std::filesystem;
 using Catch::Contains;
+using kiln::DType;
 using kiln::Tensor;
 using namespace kiln::nn::data;
 
@@ -470,4 +471,35 @@ TEST_CASE("Fashion-MNIST from the Debian package, when installed", "[data]") {
   }
   CHECK(counts == std::vector<int64_t>(10, 6000));  // Fashion-MNIST is balanced
   for (int64_t label : test.labels()) REQUIRE((label >= 0 && label < 10));
+}
+
+TEST_CASE("FashionMnist bytes: uint8 batches that to_float turns into the float batches, bit for bit", "[data]") {
+  TempDir dir("fmnist-bytes");
+  write_fake_mnist(dir, "train", 7, /*gzip=*/false);
+  for (bool normalize : {false, true}) {
+    INFO("normalize " << normalize);
+    const auto options = FashionMnistOptions().normalize(normalize);
+    FashionMnist floats(dir.path.string(), Split::Train, options);
+    FashionMnist bytes(dir.path.string(), Split::Train, FashionMnistOptions(options).bytes());
+    CHECK(floats.input_dtype() == DType::Float32);
+    REQUIRE(bytes.input_dtype() == DType::UInt8);
+    DataLoader a(floats, DataLoaderOptions(3).seed(4)), b(bytes, DataLoaderOptions(3).seed(4));
+    auto ia = a.begin();
+    auto ib = b.begin();
+    int batches = 0;
+    for (; ia != a.end() && ib != b.end(); ++ia, ++ib, ++batches) {
+      REQUIRE(ib->input.dtype() == DType::UInt8);
+      CHECK(ib->input.shape() == ia->input.shape());
+      CHECK(ib->target.to_vector<int64_t>() == ia->target.to_vector<int64_t>());
+      CHECK(bytes.to_float(ib->input).to_vector<float>() == ia->input.to_vector<float>());
+    }
+    CHECK(batches == 3);
+  }
+  // A float dataset has no bytes to hand out; to_float takes bytes only.
+  TensorDataset plain(std::vector<float>(4, 1.0f), {2}, std::vector<int64_t>{0, 1});
+  std::vector<uint8_t> out(2);
+  int64_t target = 0;
+  CHECK_THROWS_WITH(plain.read_bytes(0, out.data(), &target), Contains("input_dtype"));
+  FashionMnist floats(dir.path.string(), Split::Train);
+  CHECK_THROWS_WITH(floats.to_float(kiln::zeros({2, 784})), Contains("uint8"));
 }

@@ -5,6 +5,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include "core/flags.h"
 #include "memory/recompute_order.h"
 
 namespace kiln::jit {
@@ -189,6 +190,8 @@ std::string structural_key(PendingGraph& g, uint64_t walk) {
       g.replaced_external[i] = static_cast<int>(previous->visit_index);
     put(g.replaced_external[i]);
   }
+  // Flags that change the program lowered from the same graph.
+  put(flags().tiled_updates ? -3 : -4);
   key.resize(used);
   return key;
 }

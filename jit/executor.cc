@@ -431,8 +431,6 @@ void realize(const std::vector<NodePtr>& targets) {
   Plan* plan = nullptr;
   std::unique_ptr<Plan> uncached;
   bool hit = false;
-  // A plan with tiled updates is another program for the same graph.
-  if (!flags().tiled_updates) graph.key += "|untiled";
   if (flags().plan_cache) {
     auto it = g_plans.find(graph.key);
     if (it != g_plans.end()) {

@@ -114,6 +114,13 @@ void plan_buffers(Plan& plan) {
       slot_of_request.push_back(slot);
       requests.push_back({bytes_of(slot), first, plan.last_use[slot], -1});
     }
+    // A tiled matmul's scratch (jit/tile_matmul.h) lives while its reader runs.
+    if (kernel.tiles.buffer >= 0) {
+      const int scratch = kernel.buffers[kernel.tiles.buffer].slot;
+      request_of[scratch] = static_cast<int>(requests.size());
+      slot_of_request.push_back(scratch);
+      requests.push_back({bytes_of(scratch), first, static_cast<int>(k), -1});
+    }
     int out = kernel.buffers[0].slot;
     if (!intermediate(out)) {
       plan.output_bytes += bytes_of(out);
@@ -164,18 +171,22 @@ void find_in_place_updates(Plan& plan, const PendingGraph& graph) {
   const int last_fallible = plan.last_fallible;
   for (size_t k = 0; k < s.kernels.size(); ++k) {
     const Kernel& kernel = s.kernels[k];
-    int out = kernel.buffers[0].slot;
-    if (s.slots[out].node < 0 || !s.slots[out].output || kernel.kind != KernelKind::Elementwise) continue;
-    if (in_row_group(plan, k)) continue;  // other rows' phases may still read the old value
-    int oi = output_index[s.slots[out].node];
-    if (oi < 0 || graph.replaced_external[oi] < 0) continue;
-    int ext = external_slot[graph.replaced_external[oi]];
-    if (ext < 0 || s.slots[ext].dtype != s.slots[out].dtype || s.slots[ext].numel != s.slots[out].numel) continue;
-    if (plan.last_use[ext] > static_cast<int>(k) || last_fallible > static_cast<int>(k)) continue;
-    bool reads_ok = true;
-    for (size_t b = 1; b < kernel.buffers.size(); ++b)
-      if (kernel.buffers[b].slot == ext) reads_ok = reads_only_in_place(kernel, static_cast<int>(b));
-    if (reads_ok) plan.updates.push_back({out, ext});
+    if (kernel.kind != KernelKind::Elementwise || in_row_group(plan, k)) continue;  // (a group's other rows may still read the old value)
+    // The kernel's output and its side stores (Adam's m and v in one kernel) are stored alike.
+    std::vector<int> outs = {kernel.buffers[0].slot};
+    for (const SideStore& side : kernel.side_stores) outs.push_back(kernel.buffers[side.buffer].slot);
+    for (int out : outs) {
+      if (s.slots[out].node < 0 || !s.slots[out].output) continue;
+      int oi = output_index[s.slots[out].node];
+      if (oi < 0 || graph.replaced_external[oi] < 0) continue;
+      int ext = external_slot[graph.replaced_external[oi]];
+      if (ext < 0 || s.slots[ext].dtype != s.slots[out].dtype || s.slots[ext].numel != s.slots[out].numel) continue;
+      if (plan.last_use[ext] > static_cast<int>(k) || last_fallible > static_cast<int>(k)) continue;
+      bool reads_ok = true;
+      for (size_t b = 1; b < kernel.buffers.size(); ++b)
+        if (kernel.buffers[b].slot == ext) reads_ok = reads_only_in_place(kernel, static_cast<int>(b));
+      if (reads_ok) plan.updates.push_back({out, ext});
+    }
   }
 }
 

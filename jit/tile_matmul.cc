@@ -31,8 +31,10 @@ int buffer_of(Kernel& k, int slot, DType dtype) {
 
 int64_t matmul_row_block(const MatmulCall& mm, DType t) {
   if (mm.batch != 1 || mm.a_strides[1] != 1 || mm.a_strides[2] < mm.M || mm.N <= 0) return 0;
-  int64_t rows = std::max<int64_t>(1, kMatmulTileBytes / (mm.N * static_cast<int64_t>(dtype_size(t))));
-  if (rows >= 16) rows -= rows % 8;  // row blocks the GEMM kernels like
+  // At least 64 rows, so that wide products still make GEMMs worth the call (a tile then holds
+  // more than kMatmulTileBytes).
+  int64_t rows = std::max<int64_t>(64, kMatmulTileBytes / (mm.N * static_cast<int64_t>(dtype_size(t))));
+  rows -= rows % 8;  // row blocks the GEMM kernels like
   return rows < mm.M ? rows : 0;
 }
 
@@ -60,7 +62,10 @@ int tile_matmuls(Program& program) {
         !stores_in_loop_order(reader))
       continue;
     const int b = buffer_of(reader, product, slot.dtype);
-    if (b == 0 || reader.buffers[b].written || !reads_at_store_index(reader, b)) continue;
+    // (A guarded load reads element 0 where its guard fails: outside a later tile's scratch.)
+    const bool guarded = std::any_of(reader.exprs.begin(), reader.exprs.end(),
+                                     [&](const Expr& e) { return e.buffer == b && !e.guards.empty(); });
+    if (b == 0 || reader.buffers[b].written || guarded || !reads_at_store_index(reader, b)) continue;
     const int64_t M = mm.matmul.M, N = mm.matmul.N;
     const int64_t rows = matmul_row_block(mm.matmul, slot.dtype);
     const int64_t inner = reader.loops.size() == 2 ? reader.loops[1].extent : 1;

@@ -117,6 +117,7 @@ TEST_CASE("tiled updates: every optimizer leaves the parameters bit-identical to
     CHECK(holds_buffer_of(whole.layout, 300 * 400 * 4));
     if (expected > 0) {
       CHECK_FALSE(holds_buffer_of(tiled.layout, 300 * 400 * 4));
+      CHECK(holds_buffer_of(tiled.layout, 160 * 400 * 4));  // the first layer's scratch tile, in the arena
       CHECK(tiled.layout.arena_bytes < whole.layout.arena_bytes);
     }
     REQUIRE(tiled.params.size() == whole.params.size());

@@ -223,18 +223,19 @@ PendingGraph collect_compressed(const std::vector<NodePtr>& targets, memory::Com
 // What the recomputation passes of one realize chose, for the plan's figures (memory::report).
 struct Recomputed {
   int values = 0;
-  int64_t bytes = 0, elements = 0;
+  int64_t bytes = 0, elements = 0, flops = 0;
 };
 void note_recomputed(const memory::RecomputeRewrite& rewrite, size_t values, Recomputed& sum) {
   sum.values += static_cast<int>(values);
   sum.bytes += rewrite.dropped_bytes;
   sum.elements += rewrite.copied_elements;
+  sum.flops += rewrite.copied_flops;
 }
 
 // The budget pass's choices by graph key and budget: positions of the nodes to recompute, and
 // why the budget is not met when it is not (the choice is then the smallest arena found).
 struct BudgetChoice {
-  std::vector<int> dropped;
+  std::vector<int> dropped, checkpoints;
   std::string missed;
 };
 std::unordered_map<std::string, BudgetChoice> g_recompute_choices;
@@ -249,30 +250,39 @@ void fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& graph,
     auto cached = g_plans.find(graph.key);
     int64_t arena = cached != g_plans.end() ? cached->second->memory.arena_bytes : planned_arena(graph);
     int64_t budget = memory::budget_bytes(budget_text, arena);
-    memory::RecomputeChoice choice{{}, arena};
+    memory::RecomputeChoice choice{{}, {}, arena, {}, {}};
+    const auto search_start = std::chrono::steady_clock::now();
     if (arena > budget)
       choice = memory::choose_recompute(graph.nodes, budget, arena, budget_text,
                                         [&] { return planned_arena(collect_pending(targets)); });
     // A budget nothing meets: run at the smallest arena found, saying so once per graph (the
     // choice is cached), or stop there under KILN_MEMORY_BUDGET_STRICT=1 (checked on every use).
+    // Below what one kernel reads and writes at once, no plan could meet it: say so.
+    if (!choice.missed.empty())
+      if (auto layout = planned_memory(graph); budget < layout->working_set && layout->working_set_kernel >= 0)
+        choice.missed += fmt::format(
+            ". No plan fits {}: one kernel ({}) alone reads and writes {} of intermediates at once",
+            memory::format_bytes(budget), layout->kernels[layout->working_set_kernel],
+            memory::format_bytes(layout->working_set));
     if (!choice.missed.empty() && !flags().memory_budget_strict)
       fmt::print(stderr, "kiln: warning: {}; running at {} (KILN_MEMORY_BUDGET_STRICT=1 makes this an error)\n",
                  choice.missed, memory::format_bytes(choice.arena_bytes));
     if (flags().log >= 1 && !choice.dropped.empty())
-      fmt::print(stderr, "[kiln] memory budget {}: arena {} -> {}, recomputing {} activations\n",
+      fmt::print(stderr, "[kiln] memory budget {}: arena {} -> {}, recomputing {} activations ({}; chosen in {:.0f} ms)\n",
                  memory::format_bytes(budget), memory::format_bytes(arena), memory::format_bytes(choice.arena_bytes),
-                 choice.dropped.size());
-    it = g_recompute_choices.emplace(choice_key, BudgetChoice{std::move(choice.dropped), std::move(choice.missed)}).first;
+                 choice.dropped.size(), choice.policy,
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - search_start).count());
+    it = g_recompute_choices.emplace(choice_key, BudgetChoice{std::move(choice.dropped), std::move(choice.checkpoints), std::move(choice.missed)}).first;
   }
   if (!it->second.missed.empty() && flags().memory_budget_strict) {
     const std::string missed = it->second.missed;
     if (!flags().plan_cache) g_recompute_choices.erase(it);
     KILN_FAIL("memory_budget", "{}", missed);
   }
-  std::vector<int> dropped = it->second.dropped;
+  std::vector<int> dropped = it->second.dropped, checkpoints = it->second.checkpoints;
   if (!flags().plan_cache) g_recompute_choices.erase(it);  // decide again next time
   if (dropped.empty()) return;
-  note_recomputed(memory::apply_recompute(graph.nodes, dropped), dropped.size(), recomputed);
+  note_recomputed(memory::apply_recompute(graph.nodes, dropped, checkpoints), dropped.size(), recomputed);
   graph = collect_pending(targets);
 }
 
@@ -360,6 +370,8 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
   // Collectives in flight: started where the schedule put them, waited for before the first
   // kernel that reads (or overwrites) their buffer, and all of them before the run ends.
   InFlight in_flight;
+  const bool timed = flags().log >= 2 || memory::tracing();
+  double kernel_us = 0, recompute_us = 0;
   try {
   for (size_t k = 0; k < s.kernels.size(); ++k) {
     const Kernel& kernel = s.kernels[k];
@@ -371,9 +383,11 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
     else run->launch(k, ptrs.data());
     stats().kernels_run++;
     if (static_cast<int>(k) == plan.last_fallible) run->check_errors();
-    if (flags().log >= 2 || memory::tracing()) {
+    if (timed) {
       backend.synchronize(device);  // the kernel's time, not its launch's
       double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+      kernel_us += us;
+      if (kernel.recompute) recompute_us += us;
       if (flags().log >= 2) fmt::print(stderr, "[kiln]   {:<10} {:>9.1f} us  {}\n", kernel.name, us, kernel.summary);
       if (memory::tracing())
         memory::record_kernel(trace_event(kernel, kernel.summary, us));
@@ -384,6 +398,10 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
                                               static_cast<size_t>(bytes));
   }
   in_flight.wait_all();
+  if (timed) {
+    plan.info->kernel_us = kernel_us;
+    plan.info->recompute_us = recompute_us;
+  }
   } catch (...) {
     in_flight.abandon();  // the other ranks finish their part; nothing here reads the results
     throw;
@@ -447,6 +465,10 @@ void realize(const std::vector<NodePtr>& targets) {
     uncached->info->recomputed_values = recomputed.values;
     uncached->info->recomputed_bytes = recomputed.bytes;
     uncached->info->recomputed_elements = recomputed.elements;
+    uncached->info->recomputed_flops = recomputed.flops;
+    for (const NodePtr& n : graph.nodes)
+      if (op_kind(n->op) != OpKind::Movement && op_kind(n->op) != OpKind::Leaf)
+        uncached->info->step_flops += memory::node_flops(*n);
     memory::note_plan(uncached->info);
     uncached->kernels = uncached->backend->compile(uncached->program.kernels, device, uncached->group_start);
     stats().plans_built++;

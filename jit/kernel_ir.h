@@ -161,6 +161,7 @@ struct Kernel {
   AttentionCall attention;
   std::string summary;                // one line for KILN_LOG, e.g. "Exp Mul Add [1024, 1024]"
   uint32_t label = 0;                 // the trace label of the node it writes (core/trace_label.h)
+  bool recompute = false;             // it writes a copy recomputed for the backward (memory/recompute.h)
 };
 
 // Whether the kernel checks an index it reads (gather) or writes (scatter) and may end a run with

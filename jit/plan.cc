@@ -148,6 +148,21 @@ void plan_buffers(Plan& plan) {
                                  requests[i].in_place_of, s.kernels[requests[i].first].summary});
   plan.info->arena_bytes = plan.memory.arena_bytes;
   plan.info->lower_bound = plan.memory.lower_bound;
+  // What one kernel reads and writes of the arena at once (with its tile scratch): no schedule
+  // or recomputation of these kernels needs less.
+  for (size_t k = 0; k < s.kernels.size(); ++k) {
+    int64_t bytes = 0;
+    std::vector<int> seen;
+    for (const KernelBuffer& b : s.kernels[k].buffers)
+      if (intermediate(b.slot) && std::find(seen.begin(), seen.end(), b.slot) == seen.end()) {
+        seen.push_back(b.slot);
+        bytes += bytes_of(b.slot);
+      }
+    if (bytes > plan.info->working_set) {
+      plan.info->working_set = bytes;
+      plan.info->working_set_kernel = static_cast<int>(k);
+    }
+  }
   plan.offset.assign(s.slots.size(), -1);
   plan.dies_after.assign(s.kernels.size(), {});
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -216,14 +231,14 @@ std::unique_ptr<Plan> make_plan(const PendingGraph& graph, Program program, Devi
   return plan;
 }
 
-int64_t planned_arena(const PendingGraph& graph) {
+std::shared_ptr<memory::PlanLayout> planned_memory(const PendingGraph& graph) {
   Plan plan;
   plan.program = lower(graph, schedule(graph));
   if (flags().tiled_updates && !graph.nodes.empty() && backend_for(graph.nodes.front()->device).runs_matmul_tiles())
     tile_matmuls(plan.program);
   note_liveness(plan);
   plan_buffers(plan);
-  return plan.memory.arena_bytes;
+  return plan.info;
 }
 
 }  // namespace kiln::jit

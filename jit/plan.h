@@ -42,8 +42,9 @@ struct Plan {
 // Plans `program` (lowered from `graph`) for `device`; the kernels are not compiled yet.
 std::unique_ptr<Plan> make_plan(const PendingGraph& graph, Program program, Device device);
 
-// The arena a graph's plan needs: scheduled, lowered and planned, not compiled (the budget pass
+// The memory of a graph's plan: scheduled, lowered and planned, not compiled (the budget pass
 // weighs several rewrites of one graph).
-int64_t planned_arena(const PendingGraph& graph);
+std::shared_ptr<memory::PlanLayout> planned_memory(const PendingGraph& graph);
+inline int64_t planned_arena(const PendingGraph& graph) { return planned_memory(graph)->arena_bytes; }
 
 }  // namespace kiln::jit

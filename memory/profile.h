@@ -22,6 +22,8 @@ struct PlanLayout {
   std::vector<PlannedBuffer> buffers;
   int64_t arena_bytes = 0;
   int64_t lower_bound = 0;   // most bytes live during one kernel
+  int64_t working_set = 0;   // most arena bytes one kernel reads and writes (what no plan goes below)
+  int working_set_kernel = -1;
   int64_t output_bytes = 0;
   uint64_t runs = 0;         // how many times the plan ran
   // Saved activations the plan keeps compressed (memory/compress.h): how many, their bytes at
@@ -34,6 +36,10 @@ struct PlanLayout {
   // mostly elementwise).
   int recomputed_values = 0;
   int64_t recomputed_bytes = 0, recomputed_elements = 0;
+  // The work of the step and of its copies (memory::node_flops), and, from the last run timed
+  // (KILN_LOG=2 or a trace), the time of its kernels and of those that only make copies.
+  int64_t step_flops = 0, recomputed_flops = 0;
+  double kernel_us = 0, recompute_us = 0;
 };
 
 // Called by the executor when it builds a plan; the most recent plans are kept for reports.

@@ -140,11 +140,62 @@ std::vector<int> saved_activations(const std::vector<NodePtr>& nodes, const Grap
 
 }  // namespace
 
-RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::vector<int>& dropped) {
+int64_t node_flops(const Node& n) {
+  auto dim = [](const Shape& shape, int64_t from_end) { return shape[shape.size() - from_end]; };
+  switch (n.op) {
+    case Op::Matmul:  // (..., M, K) x (..., K, N)
+      return 2 * n.numel() * dim(n.inputs[0]->shape, 1);
+    case Op::Conv2d:  // each output element: a dot product over a (C/groups, kh, kw) window
+      return 2 * n.numel() * (n.inputs[1]->numel() / std::max<int64_t>(1, n.inputs[1]->shape[0]));
+    case Op::Attention:  // q (B, H, T, D), k (B, H, S, D): Q·Kᵀ and P·V
+      return 4 * n.inputs[0]->numel() * dim(n.inputs[1]->shape, 2);
+    default: {
+      int64_t elements = n.numel();
+      for (const NodePtr& in : n.inputs) elements = std::max(elements, in->numel());
+      return elements;
+    }
+  }
+}
+
+namespace {
+
+// Forward values no forward edge jumps over: every forward computation after such a value reads
+// forward values made at or after it (weights and constants aside), so recomputing what follows
+// can start from it alone. By position; views count as their buffer.
+std::vector<char> forward_cuts(const std::vector<NodePtr>& nodes, const GraphIndex& index) {
+  const int n = static_cast<int>(nodes.size());
+  std::vector<int> cover(n + 1, 0);
+  auto forward_value = [&](int p) { return nodes[p]->requires_grad && !nodes[p]->grad_leaf; };
+  for (int c = 0; c < n; ++c) {
+    const Node& consumer = *nodes[c];
+    if (!consumer.requires_grad || op_kind(consumer.op) == OpKind::Movement) continue;
+    for (const NodePtr& in : consumer.inputs) {
+      const int p = index.of(in.get());
+      if (p < 0 || index.base[p] < 0 || !forward_value(index.base[p])) continue;
+      const int b = index.base[p];
+      if (b + 1 < c) {  // positions strictly between the value and its reader
+        cover[b + 1]++;
+        cover[c]--;
+      }
+    }
+  }
+  std::vector<char> cut(n, 0);
+  for (int i = 0, running = 0; i < n; ++i) {
+    running += cover[i];
+    cut[i] = running == 0 && index.base[i] == i && forward_value(i);
+  }
+  return cut;
+}
+
+}  // namespace
+
+RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::vector<int>& dropped,
+                                 const std::vector<int>& checkpoints) {
   const size_t n = nodes.size();
   GraphIndex index(nodes);
   std::vector<bool> is_dropped(n, false), is_saved(n, false), needs_copy(n, false);
   for (int p : saved_activations(nodes, index)) is_saved[p] = true;
+  for (int p : checkpoints) is_saved[p] = true;
   for (int p : dropped) is_dropped[p] = true;
   // The backward (recorded without gradient tracking) reads dropped values, or views of them.
   auto read_by_backward = [&](const Node& consumer, const NodePtr& in) {
@@ -181,7 +232,10 @@ RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::v
   RecomputeRewrite rewrite;
   for (int p : dropped) rewrite.dropped_bytes += static_cast<int64_t>(nodes[p]->nbytes());
   for (size_t i = 0; i < n; ++i)
-    if (needs_copy[i] && op_kind(nodes[i]->op) != OpKind::Movement) rewrite.copied_elements += nodes[i]->numel();
+    if (needs_copy[i] && op_kind(nodes[i]->op) != OpKind::Movement) {
+      rewrite.copied_elements += nodes[i]->numel();
+      rewrite.copied_flops += node_flops(*nodes[i]);
+    }
   for (const NodePtr& consumer : nodes)
     for (size_t s = 0; s < consumer->inputs.size(); ++s)
       if (int p = read_by_backward(*consumer, consumer->inputs[s]); p >= 0) {
@@ -198,35 +252,45 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
   std::vector<int> saved = saved_activations(nodes, index);
   const int count = static_cast<int>(saved.size());
   // A fraction budgets what a backward pass keeps; a plan without one is left as it is.
-  if (count == 0 && is_fraction(budget_text)) return {{}, unconstrained_arena};
+  if (count == 0 && is_fraction(budget_text)) return {{}, {}, unconstrained_arena, {}, {}};
   KILN_CHECK(count > 0, "memory_budget",
              "KILN_MEMORY_BUDGET={} allows a {} arena but this plan needs {} and keeps no forward activation for a "
              "backward pass, so recomputation cannot help; raise the budget or make the batch smaller",
              budget_text, format_bytes(budget), format_bytes(unconstrained_arena));
   // Cheapest first. Tier 1: the values elementwise work gives back from what the backward keeps
-  // anyway (choose_cheap_recompute: a few operations per element, no matmul). Tier 2: those,
-  // plus the other saved values (matmul and convolution outputs, whose copies cost their FLOPs
-  // again) but every k-th, from k = 2 (half of them copied) up; the arena falls to about k = √n,
-  // then rises again as whole stretches are recomputed at once. The first choice that fits is
-  // taken: the least recomputation.
+  // anyway (choose_cheap_recompute: a few operations per element, no matmul). Tier 2: those, plus
+  // every other saved value (matmul, attention and convolution outputs, whose copies cost their
+  // FLOPs again) except checkpoints: saved values no forward edge jumps over (the residual
+  // stream between a transformer's sub-blocks, a chain's activations), every k-th of them kept
+  // from k = 1 up, so each recomputed stretch starts from a kept checkpoint and runs only where
+  // its backward needs it. Tier 3, for graphs with few such cuts: every k-th of the other saved
+  // values kept, in forward order. The first choice that fits is taken (the least recomputation).
   const std::vector<int> cheap = choose_cheap_recompute(nodes, true);
   std::vector<char> is_cheap(nodes.size(), 0);
   for (int p : cheap) is_cheap[p] = 1;
   std::vector<int> costly;
   for (int p : saved)
     if (!is_cheap[p]) costly.push_back(p);
+  const std::vector<char> cut = forward_cuts(nodes, index);
+  std::vector<int> cuts;
+  for (int p = 0; p < static_cast<int>(nodes.size()); ++p)
+    if (cut[p]) cuts.push_back(p);
   const int n_costly = static_cast<int>(costly.size());
+  const int n_cuts = static_cast<int>(cuts.size());
   const int max_k = std::min(n_costly + 1, 2 * static_cast<int>(std::ceil(std::sqrt(std::max(n_costly, 1)))) + 4);
-  RecomputeChoice best{{}, unconstrained_arena};
-  int best_k = 1;
-  auto weigh = [&](int k) {  // k = 0: the cheap values alone
+  RecomputeChoice best{{}, {}, unconstrained_arena, {}, {}};
+  std::string best_policy;
+  // Weighs dropping the cheap values and the costly ones `keep` does not keep, copies starting
+  // from `checkpoints`.
+  auto weigh = [&](const std::function<bool(int)>& keep, std::vector<int> checkpoints, const std::string& policy) {
     RecomputeChoice choice;
     choice.dropped = cheap;
-    for (int j = 0; k >= 2 && j < n_costly; ++j)
-      if (j % k != k - 1) choice.dropped.push_back(costly[j]);
+    for (int j = 0; j < n_costly; ++j)
+      if (!keep(j)) choice.dropped.push_back(costly[j]);
     std::sort(choice.dropped.begin(), choice.dropped.end());
     if (choice.dropped.empty()) return false;
-    RecomputeRewrite rewrite = apply_recompute(nodes, choice.dropped);
+    choice.checkpoints = std::move(checkpoints);
+    RecomputeRewrite rewrite = apply_recompute(nodes, choice.dropped, choice.checkpoints);
     try {
       choice.arena_bytes = arena_of_current_graph();
     } catch (...) {
@@ -237,20 +301,70 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
     const bool fits = choice.arena_bytes <= budget;
     if (fits || choice.arena_bytes < best.arena_bytes) {
       best = std::move(choice);
-      best_k = k;
+      best_policy = policy;
+      best.policy = policy.empty() ? "the values elementwise work gives back" : policy;
     }
     return fits;
   };
-  if (weigh(0)) return best;
+  if (weigh([](int) { return true; }, {}, "")) return best;
+  // Tier 2 begins with the stretches between consecutive checkpoints (all kept) whose saved bytes
+  // cost the fewest FLOPs to recompute: the smallest number of them that fits (binary search;
+  // the arena falls as stretches are added), then all of them with every k-th checkpoint kept.
+  const int n_stretches = n_cuts + 1;
+  auto stretch_of = [&](int p) { return static_cast<int>(std::upper_bound(cuts.begin(), cuts.end(), p) - cuts.begin()); };
+  std::vector<double> stretch_bytes(n_stretches, 0), stretch_flops(n_stretches, 0);
+  for (int p : costly)
+    if (!cut[p]) stretch_bytes[stretch_of(p)] += static_cast<double>(nodes[p]->nbytes());
+  for (int p = 0; p < static_cast<int>(nodes.size()); ++p)
+    if (index.base[p] == p && nodes[p]->requires_grad && !nodes[p]->grad_leaf)
+      stretch_flops[stretch_of(p)] += static_cast<double>(node_flops(*nodes[p]));
+  std::vector<int> by_worth;
+  for (int t = 0; t < n_stretches; ++t)
+    if (stretch_bytes[t] > 0) by_worth.push_back(t);
+  std::stable_sort(by_worth.begin(), by_worth.end(), [&](int a, int b) {
+    return stretch_bytes[a] * stretch_flops[b] > stretch_bytes[b] * stretch_flops[a];
+  });
+  std::vector<char> in_dropped_stretch(n_stretches, 0);
+  auto weigh_stretches = [&](int m) {
+    std::fill(in_dropped_stretch.begin(), in_dropped_stretch.end(), 0);
+    for (int i = 0; i < m; ++i) in_dropped_stretch[by_worth[i]] = 1;
+    return weigh([&](int j) { return cut[costly[j]] || !in_dropped_stretch[stretch_of(costly[j])]; }, cuts,
+                 fmt::format("{} of {} checkpoints, recomputing {} of {} stretches between them", n_cuts, n_cuts, m,
+                             by_worth.size()));
+  };
+  const int n_worth = static_cast<int>(by_worth.size());
+  if (n_worth > 0 && weigh_stretches(n_worth)) {
+    for (int lo = 1, hi = n_worth; lo < hi;) {
+      const int mid = (lo + hi) / 2;
+      if (weigh_stretches(mid)) hi = mid;
+      else lo = mid + 1;
+    }
+    return best;
+  }
+  std::vector<char> is_checkpoint(nodes.size(), 0);
+  const int max_k_cuts = std::min(n_cuts, 2 * static_cast<int>(std::ceil(std::sqrt(std::max(n_cuts, 1)))) + 4);
+  for (int k = 2; k <= max_k_cuts; ++k) {
+    std::vector<int> checkpoints;
+    std::fill(is_checkpoint.begin(), is_checkpoint.end(), 0);
+    for (int c = 0; c < n_cuts; ++c)
+      if (c % k == k - 1) {
+        checkpoints.push_back(cuts[c]);
+        is_checkpoint[cuts[c]] = 1;
+      }
+    if (weigh([&](int j) { return is_checkpoint[costly[j]] != 0; }, std::move(checkpoints),
+              fmt::format("every {} of {} checkpoints", k, n_cuts)))
+      return best;
+  }
   for (int k = 2; k <= max_k; ++k)
-    if (weigh(k)) return best;
+    if (weigh([k](int j) { return j % k == k - 1; }, {}, fmt::format("every {} in forward order", k))) return best;
   best.missed = fmt::format(
       "KILN_MEMORY_BUDGET={} allows a {} arena but this plan needs {}; recomputing forward activations "
-      "(the {} elementwise work gives back, and every k-th of the other {} saved for the backward, k = 2..{}) gets "
-      "it down to {} at best{}. Raise the budget, make the batch smaller, or mark segments by hand with "
-      "kiln::checkpoint",
-      budget_text, format_bytes(budget), format_bytes(unconstrained_arena), cheap.size(), n_costly, max_k,
-      format_bytes(best.arena_bytes), best_k > 1 ? fmt::format(" (k = {})", best_k) : "");
+      "(the {} elementwise work gives back, and of the other {} saved for the backward all but every k-th of {} "
+      "checkpoints, k = 1..{}, or all but every k-th, k = 2..{}) gets it down to {} at best{}. Raise the budget, "
+      "make the batch smaller, or mark segments by hand with kiln::checkpoint",
+      budget_text, format_bytes(budget), format_bytes(unconstrained_arena), cheap.size(), n_costly, n_cuts,
+      max_k_cuts, max_k,
+      format_bytes(best.arena_bytes), best_policy.empty() ? "" : fmt::format(" (keeping {})", best_policy));
   return best;
 }
 

@@ -51,8 +51,10 @@ int64_t budget_bytes(const std::string& budget, int64_t unconstrained_arena);
 // Which forward activations of a pending graph are recomputed: positions in its node list.
 struct RecomputeChoice {
   std::vector<int> dropped;
+  std::vector<int> checkpoints;  // forward values the copies read as they are (apply_recompute)
   int64_t arena_bytes = 0;  // arena of the rewritten plan
   std::string missed;       // when no choice meets the budget: why (the choice is the smallest arena found)
+  std::string policy;       // how the choice was made, for the log
 };
 
 // The pending graph by position, and the buffer each node's value lives in: its own, or for a
@@ -89,14 +91,23 @@ struct RecomputeRewrite {
   std::vector<Edit> edits;
   int64_t dropped_bytes = 0;     // the dropped values' bytes
   int64_t copied_elements = 0;   // elements the copies compute, one per op (views not counted)
+  int64_t copied_flops = 0;      // their work (node_flops)
   void undo();
 };
 
 // Gives each dropped node (and the forward nodes between it and the kept ones) a recomputed copy
 // and points its backward consumers (those recorded without gradient tracking, reading it
-// directly or through views) at the copy.
+// directly or through views) at the copy. A chain of copies stops at kept values: saved
+// activations not dropped, weights, values without gradient tracking, and `checkpoints` (forward
+// values kept for the copies to start from although the backward itself does not read them).
 // `nodes`: the pending graph, inputs before consumers.
-RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::vector<int>& dropped);
+RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::vector<int>& dropped,
+                                 const std::vector<int>& checkpoints = {});
+
+// The work of computing `n` once, roughly: 2·M·N·K for a matmul, the multiply-adds of a
+// convolution or attention, one operation per element (the larger of input and output) for the
+// rest. What the budget pass weighs bytes against, and what memory::report() shows.
+int64_t node_flops(const Node& n);
 
 // Chooses activations to recompute so the plan fits `budget` bytes. `arena_of_current_graph`
 // plans the graph as it is wired now and returns its arena size. Leaves the graph as it found

@@ -21,6 +21,15 @@ namespace kiln::memory {
 
 namespace {
 
+// 1234567 -> "1.23 G": FLOP counts for people.
+std::string format_count(int64_t n) {
+  static const char* const units[] = {"", " k", " M", " G", " T", " P"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1000 && u < 5) v /= 1000, ++u;
+  return u == 0 ? fmt::format("{}", n) : fmt::format("{:.2f}{}", v, units[u]);
+}
+
 constexpr size_t kTopBuffers = 10;
 
 void write_text_file(const std::string& path, const std::string& text, const char* op) {
@@ -117,9 +126,17 @@ std::string report() {
     fmt::format_to(line, "saved activations compressed: {} values, {} kept as {} ({:.2f}x)\n", last->compressed_values,
                    format_bytes(last->compressed_from), format_bytes(last->compressed_to),
                    static_cast<double>(last->compressed_to) / static_cast<double>(last->compressed_from));
-  if (last->recomputed_values > 0)
-    fmt::format_to(line, "saved activations recomputed for the backward: {} values ({}), {} element-ops of extra work\n",
-                   last->recomputed_values, format_bytes(last->recomputed_bytes), last->recomputed_elements);
+  if (last->recomputed_values > 0) {
+    fmt::format_to(line, "saved activations recomputed for the backward: {} values ({}); the copies cost {} FLOPs, "
+                   "{:.1f}% of the step's {}",
+                   last->recomputed_values, format_bytes(last->recomputed_bytes), format_count(last->recomputed_flops),
+                   100.0 * static_cast<double>(last->recomputed_flops) / static_cast<double>(std::max<int64_t>(1, last->step_flops)),
+                   format_count(last->step_flops));
+    if (last->kernel_us > 0)
+      fmt::format_to(line, "; measured {:.2f} ms of the step's {:.2f} ms of kernels ({:.1f}%)", last->recompute_us / 1e3,
+                     last->kernel_us / 1e3, 100.0 * last->recompute_us / last->kernel_us);
+    fmt::format_to(line, "\n");
+  }
   // What is live at the peak, grouped by the kernel summary and size that made it.
   Peak peak = peak_of(*last);
   if (peak.kernel >= 0) {

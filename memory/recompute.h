@@ -114,11 +114,16 @@ int64_t node_flops(const Node& n);
 // it. When no choice fits, returns the one with the smallest arena found and says why in `missed`
 // (the caller warns, or throws under KILN_MEMORY_BUDGET_STRICT); a plan that keeps no activation
 // for a backward is an Error (nothing to recompute), except that a fraction budget leaves it alone
-// (it budgets what a backward keeps). The policy, cheapest first: recompute the activations
-// elementwise work gives back from what the backward keeps anyway (choose_cheap_recompute); if
-// that is not enough, also keep only every k-th of the other saved activations in forward order
-// and recompute the rest (√n checkpointing for chains), trying k = 2, 3, ... up to about 2√n and
-// taking the first (least recomputation) that fits.
+// (it budgets what a backward keeps). The policy, cheapest first:
+//  1. the activations elementwise work gives back from what the backward keeps anyway
+//     (choose_cheap_recompute);
+//  2. checkpoints: forward values no forward edge jumps over (a transformer's residual stream
+//     between sub-blocks, a chain's activations) are kept, and the other saved values of the
+//     stretches between them recomputed from them, the stretches that free the most bytes per
+//     FLOP (node_flops) first, as few as fit (binary search); then all stretches with only every
+//     k-th checkpoint kept, k = 2 up to about 2√n (√n checkpointing);
+//  3. for graphs with few checkpoints: every k-th saved value kept in forward order.
+// The first choice that fits is taken (the least recomputation).
 RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budget, int64_t unconstrained_arena,
                                  const std::string& budget_text,
                                  const std::function<int64_t()>& arena_of_current_graph);

@@ -148,15 +148,16 @@ void plan_buffers(Plan& plan) {
                                  requests[i].in_place_of, s.kernels[requests[i].first].summary});
   plan.info->arena_bytes = plan.memory.arena_bytes;
   plan.info->lower_bound = plan.memory.lower_bound;
-  // What one kernel reads and writes of the arena at once (with its tile scratch): no schedule
-  // or recomputation of these kernels needs less.
+  // What one kernel reads and writes of the arena at once (with its tile scratch; an output
+  // written over its input counted once): no schedule or recomputation of these kernels needs less.
   for (size_t k = 0; k < s.kernels.size(); ++k) {
     int64_t bytes = 0;
     std::vector<int> seen;
     for (const KernelBuffer& b : s.kernels[k].buffers)
-      if (intermediate(b.slot) && std::find(seen.begin(), seen.end(), b.slot) == seen.end()) {
+      if (intermediate(b.slot) && request_of[b.slot] >= 0 && std::find(seen.begin(), seen.end(), b.slot) == seen.end()) {
         seen.push_back(b.slot);
-        bytes += bytes_of(b.slot);
+        if (!(b.slot == s.kernels[k].buffers[0].slot && requests[request_of[b.slot]].in_place_of >= 0))
+          bytes += bytes_of(b.slot);
       }
     if (bytes > plan.info->working_set) {
       plan.info->working_set = bytes;

@@ -118,7 +118,18 @@ Tensor Tensor::grad() const {
   return TensorAccess::from_var(var_->grad);
 }
 
-void Tensor::set_grad(const Tensor& g) { var_->grad = g.defined() ? TensorAccess::var(g) : nullptr; }
+void Tensor::set_grad(const Tensor& g) {
+  // A gradient is written into this tensor's slot, so it follows assign's rule: same shape,
+  // device and dtype, no silent conversion.
+  if (g.defined()) {
+    KILN_CHECK(g.shape() == shape() && g.device() == device(), "set_grad",
+               "gradient {} does not match the tensor {}; a gradient has its tensor's shape and device", g.str(), str());
+    KILN_CHECK(g.dtype() == dtype(), "set_grad", "gradient {} is {} but the tensor {} is {}; convert it with .to({})",
+               shape_str(g.shape()), dtype_name(g.dtype()), shape_str(shape()), dtype_name(dtype()),
+               dtype_in_code(dtype()));
+  }
+  var_->grad = g.defined() ? TensorAccess::var(g) : nullptr;
+}
 void Tensor::zero_grad() { var_->grad.reset(); }
 
 Tensor Tensor::detach() const {

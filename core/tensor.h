@@ -52,7 +52,7 @@ class Tensor {
   bool requires_grad() const;
   Tensor& requires_grad_(bool on = true);  // marks a leaf whose gradient backward() accumulates
   Tensor grad() const;                     // undefined until backward() reaches this leaf
-  void set_grad(const Tensor& g);
+  void set_grad(const Tensor& g);          // g: this tensor's shape, device and dtype (or undefined)
   void zero_grad();
   // Accumulates d(this)/d(leaf) into every leaf's grad(); consumes the graph unless retained.
   void backward(bool retain_graph = false) const;

@@ -1,5 +1,5 @@
-// Tensor::assign, the one operation that writes into an existing variable, keeps the variable's
-// dtype: a value of another dtype is a kiln::Error naming both (never a silent narrowing), and
+// Tensor::assign, the one operation that writes into an existing variable (and set_grad, which
+// writes its gradient slot), keeps the variable's dtype: a value of another dtype is a kiln::Error naming both (never a silent narrowing), and
 // an explicit .to(DType) converts on purpose. The optimizers, which update through assign, keep
 // working on float32, float64 and bfloat16 parameters.
 #include <catch2/catch.hpp>
@@ -36,6 +36,18 @@ TEST_CASE("assign refuses a value of another dtype and names both", "[assign][dt
   CHECK(d.to_vector<double>() == std::vector<double>{1, 1, 1});
   // Shape and device mismatches are still refused.
   CHECK_THROWS_WITH(p.assign(kiln::zeros({2})), Contains("assign") && Contains("[2]"));
+}
+
+TEST_CASE("set_grad takes a gradient of the tensor's own dtype and shape", "[assign][dtype][error]") {
+  Tensor p = kiln::zeros({2}).realize().requires_grad_();
+  CHECK_THROWS_WITH(p.set_grad(kiln::ones({2}, DType::Float64)),
+                    Contains("set_grad") && Contains("float64") && Contains(".to(DType::Float32)"));
+  CHECK_THROWS_WITH(p.set_grad(kiln::ones({3})), Contains("set_grad") && Contains("[3]"));
+  CHECK_FALSE(p.grad().defined());
+  p.set_grad(kiln::ones({2}, DType::Float64).to(DType::Float32));
+  CHECK(p.grad().to_vector<float>() == std::vector<float>{1, 1});
+  p.set_grad({});
+  CHECK_FALSE(p.grad().defined());
 }
 
 TEST_CASE("Tensor::to(DType) is cast", "[assign][dtype]") {

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "nn/layers.h"
+#include "nn/transformer.h"
 #include "ops/ops.h"
 #include "tests/support/compare.h"
 #include "tests/support/gradcheck.h"
@@ -297,6 +298,15 @@ TEST_CASE("layers that hold parameters take a dtype", "[nn][dtype]") {
     CHECK(values(bn.running_mean)[static_cast<size_t>(c)] == Approx(0.1 * m / 4).epsilon(1e-14));
   }
   CHECK(nn::BatchNorm2d(nn::BatchNormOptions(2).dtype(DType::BFloat16)).weight.dtype() == DType::BFloat16);
+  // The transformer layers pass theirs down to every parameter.
+  nn::MultiheadAttention attention(nn::MultiheadAttentionOptions(4, 2).fused_qkv(false).dtype(DType::Float64));
+  nn::GPT gpt(nn::GPTConfig().vocab(7).ctx(4).layers(1).heads(2).dim(4).tie_weights(false).dtype(DType::Float64));
+  for (nn::Module* m : std::vector<nn::Module*>{&attention, &gpt})
+    for (const auto& [name, p] : m->named_parameters()) {
+      CAPTURE(name);
+      CHECK(p.dtype() == DType::Float64);
+    }
+  CHECK(gpt.forward(i64({1, 2, 3, 4, 5, 6}, {2, 3})).dtype() == DType::Float64);
   CHECK(nn::Embedding(2, 2).weight.dtype() == DType::Float32);
   CHECK_THROWS_WITH(nn::Embedding(nn::EmbeddingOptions(2, 2).dtype(DType::Int64)), Contains("Embedding"));
 }

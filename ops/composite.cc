@@ -137,7 +137,7 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
     const int64_t count = x.numel() / std::max<int64_t>(C, 1);
     KILN_CHECK(count > 1, "batch_norm", "training needs more than one value per channel, got input {}",
                shape_str(x.shape()));
-    mean = kiln::mean(x, axes);          // (C)
+    mean = kiln::mean(x, axes);              // (C)
     var = kiln::var(x, axes, false, false);  // (C), biased: what normalization uses
     if (running_mean.defined()) {
       NoGradGuard no_grad;

@@ -31,9 +31,6 @@ void check_class_inputs(const Tensor& scores, const Tensor& labels, const char* 
              "labels must be integer class indices, got {}", dtype_name(labels.dtype()));
 }
 
-}  // namespace
-
-namespace {
 // cross_entropy with class weights, an ignored id or extra dims: the classes moved last and
 // every position made a row, each row's loss and weight, then the weighted mean.
 Tensor weighted_cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntropyOptions& options) {
@@ -51,7 +48,8 @@ Tensor weighted_cross_entropy(const Tensor& logits, const Tensor& labels, const 
     label = where(kept, label, zeros_like(label));  // any valid id: its loss is masked out
   }
   Tensor picked = reshape(gather(log_probs, 1, unsqueeze(label, 1)), {rows});  // (M)
-  const Tensor& w = options.weight();
+  // (C) in the loss's dtype: float64 weights must not turn a float32 loss into float64.
+  const Tensor w = options.weight().defined() ? options.weight().to(log_probs.dtype()) : Tensor();
   Tensor row_weight;  // (M) w[y], 0 where ignored; undefined: all 1
   if (w.defined()) row_weight = index_select(w, 0, label);
   if (kept.defined()) row_weight = row_weight.defined() ? where(kept, row_weight, zeros_like(row_weight))

@@ -38,10 +38,8 @@ class CommandLine {
     const std::string rule = min == 1   ? "a positive integer"
                              : min == 0 ? "a non-negative integer"
                                         : fmt::format("an integer of at least {}", min);
-    CLI::Option* option =
-        app_.add_option(name, value, help)->check(CLI::Validator(min == 1   ? "POSITIVE"
-                                    : min == 0 ? "NON-NEGATIVE"
-                                               : fmt::format("AT LEAST {}", min)));
+    const std::string shown = min == 1 ? "POSITIVE" : min == 0 ? "NON-NEGATIVE" : fmt::format("AT LEAST {}", min);
+    CLI::Option* option = app_.add_option(name, value, help)->check(CLI::Validator(shown));  // --help shows it
     checks_.push_back([option, name, &value, min, rule]() -> std::string {
       if (option->count() == 0 || value >= min) return "";
       return fmt::format("{} must be {} (got {})", name, rule, value);
@@ -49,18 +47,19 @@ class CommandLine {
     return option;
   }
 
-  // A floating-point flag that must be > 0 (and a number: NaN fails too).
+  // A floating-point flag that must be finite and > 0 (NaN and inf fail too).
   CLI::Option* positive(const std::string& name, double& value, const std::string& help) {
     CLI::Option* option = app_.add_option(name, value, help)->check(CLI::Validator("POSITIVE"));
     checks_.push_back([option, name, &value]() -> std::string {
       if (option->count() == 0 || (value > 0 && std::isfinite(value))) return "";
-      return fmt::format("{} must be a positive number (got {})", name, value);
+      return fmt::format("{} must be a finite positive number (got {})", name, value);
     });
     return option;
   }
 
-  // Parses argv and checks the bound of every flag given (the defaults are in bounds). Returns the exit code when the program should stop now
-  // (--help: 0; a bad flag: the message on stderr and a non-zero code), nothing otherwise.
+  // Parses argv and checks the bound of every flag given (the defaults are in bounds). Returns
+  // the exit code when the program should stop now (--help: 0; a bad flag: the message on
+  // stderr and a non-zero code), nothing otherwise.
   std::optional<int> parse(int argc, char** argv) {
     try {
       app_.parse(argc, argv);

@@ -500,8 +500,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    // Before any data is read or step run: a --save that cannot be written fails now, not at the end.
-    if (!save_path.empty()) kiln::samples::check_writable("--save", {save_path, optimizer_path(save_path)});
+    // Before any data is read or step run: a --save that cannot be written fails now, not at the
+    // end. (Under --pipeline and --tensor-parallel each rank writes files tagged with its rank
+    // beside it; the first rank's names stand for them.)
+    if (!save_path.empty()) {
+      const std::string model_path = pipeline > 0          ? suffixed(save_path, "stage0")
+                                     : tensor_parallel > 0 ? suffixed(save_path, "tp0")
+                                                           : save_path;
+      kiln::samples::check_writable("--save", {model_path, pipeline > 0 ? "" : optimizer_path(model_path)});
+    }
     if (data_parallel || pipeline > 0 || tensor_parallel > 0) kiln::distributed::init();
     if (tensor_parallel > 0) {
       KILN_CHECK(tensor_parallel == kiln::distributed::world_size(), "train_mnist",

@@ -154,6 +154,9 @@ TEST_CASE("cross_entropy with extra dims, ignore_index, class weights and smooth
   const CrossEntropyReference ignored = cross_entropy_reference(values(flat), flat_labels, 4, C, 1, {}, 0, 0);
   check_close(kiln::cross_entropy(flat, i64(flat_labels, {4}), kiln::CrossEntropyOptions().ignore_index(0)),
               {ignored.mean}, 1e-12, 1e-12);
+  // float64 class weights leave a float32 loss float32.
+  CHECK(kiln::cross_entropy(flat.to(DType::Float32), i64(flat_labels, {4}), kiln::CrossEntropyOptions().weight(weight))
+            .dtype() == DType::Float32);
   // Every position ignored: 0 / 0, as in PyTorch.
   CHECK(std::isnan(kiln::cross_entropy(flat, i64({0, 0, 0, 0}, {4}), kiln::CrossEntropyOptions().ignore_index(0)).item()));
   // The plain (N, C) form is unchanged by an ignore_index no label equals.

@@ -17,6 +17,14 @@ NodePtr node_for_variable(const Node& value, const std::shared_ptr<Var>& var) {
   node->var = var;
   return node;
 }
+
+// How a dtype is written in code, for hints: DType::Float32.
+std::string_view dtype_in_code(DType t) {
+  static constexpr std::string_view kNames[kNumDTypes] = {"DType::Bool",    "DType::UInt8",    "DType::Int8",
+                                                          "DType::Int32",   "DType::Int64",    "DType::Float16",
+                                                          "DType::BFloat16", "DType::Float32", "DType::Float64"};
+  return kNames[static_cast<int>(t)];
+}
 }  // namespace
 
 Tensor::Tensor(NodePtr node) : var_(std::make_shared<Var>(std::move(node))) {}
@@ -110,7 +118,18 @@ Tensor Tensor::grad() const {
   return TensorAccess::from_var(var_->grad);
 }
 
-void Tensor::set_grad(const Tensor& g) { var_->grad = g.defined() ? TensorAccess::var(g) : nullptr; }
+void Tensor::set_grad(const Tensor& g) {
+  // A gradient is written into this tensor's slot, so it follows assign's rule: same shape,
+  // device and dtype, no silent conversion.
+  if (g.defined()) {
+    KILN_CHECK(g.shape() == shape() && g.device() == device(), "set_grad",
+               "gradient {} does not match the tensor {}; a gradient has its tensor's shape and device", g.str(), str());
+    KILN_CHECK(g.dtype() == dtype(), "set_grad", "gradient {} is {} but the tensor {} is {}; convert it with .to({})",
+               shape_str(g.shape()), dtype_name(g.dtype()), shape_str(shape()), dtype_name(dtype()),
+               dtype_in_code(dtype()));
+  }
+  var_->grad = g.defined() ? TensorAccess::var(g) : nullptr;
+}
 void Tensor::zero_grad() { var_->grad.reset(); }
 
 Tensor Tensor::detach() const {
@@ -127,8 +146,14 @@ Tensor Tensor::detach() const {
 void Tensor::assign(const Tensor& value) {
   KILN_CHECK(value.shape() == shape() && value.device() == device(), "assign",
              "value {} does not match the variable {}", value.str(), str());
-  Tensor v = value.dtype() == dtype() ? value : kiln::cast(value, dtype());
-  NodePtr node = node_for_variable(*v.node(), var_);
+  // No silent conversion, narrowing or widening: a float64 update into a float32 parameter is
+  // more often a mistake (a float64 constant, a wrong buffer) than a wish.
+  KILN_CHECK(value.dtype() == dtype(), "assign",
+             "value {} is {} but the variable {} is {}; assign keeps the variable's dtype and does not convert: "
+             "assign value.to({}) if the conversion is meant",
+             shape_str(value.shape()), dtype_name(value.dtype()), shape_str(shape()), dtype_name(dtype()),
+             dtype_in_code(dtype()));
+  NodePtr node = node_for_variable(*value.node(), var_);
   node->replaces = var_->node;
   var_->set(node);
   if (!flags().lazy) realize();
@@ -146,6 +171,7 @@ Tensor Tensor::slice(int64_t axis, int64_t start, int64_t stop, int64_t step) co
 }
 Tensor Tensor::cast(DType t) const { return kiln::cast(*this, t); }
 Tensor Tensor::to(Device device) const { return kiln::to_device(*this, device); }
+Tensor Tensor::to(DType dtype) const { return kiln::cast(*this, dtype); }
 
 Tensor& Tensor::to_(Device device) {
   if (device == this->device()) return *this;

@@ -44,6 +44,7 @@ class Tensor {
   // device is not available. Gradients do not cross devices yet: a leaf that requires grad gives
   // a new leaf that requires grad; a tensor with gradient history must be detached first.
   Tensor to(Device device) const;
+  Tensor to(DType dtype) const;  // cast(dtype): the same value converted (this tensor when it has the dtype)
   // Moves this variable (every handle sharing it, and its grad) to `device`: Module::to.
   Tensor& to_(Device device);
 
@@ -51,14 +52,16 @@ class Tensor {
   bool requires_grad() const;
   Tensor& requires_grad_(bool on = true);  // marks a leaf whose gradient backward() accumulates
   Tensor grad() const;                     // undefined until backward() reaches this leaf
-  void set_grad(const Tensor& g);
+  void set_grad(const Tensor& g);          // g: this tensor's shape, device and dtype (or undefined)
   void zero_grad();
   // Accumulates d(this)/d(leaf) into every leaf's grad(); consumes the graph unless retained.
   void backward(bool retain_graph = false) const;
   Tensor detach() const;                   // same value, no gradient history
 
   // Points this variable (and every handle sharing it) at a new value, recorded lazily. Used by
-  // optimizers: gradients stop here, so the next step sees a leaf again.
+  // optimizers: gradients stop here, so the next step sees a leaf again. The value must have
+  // this variable's shape, device and dtype: a different dtype is a kiln::Error, never a silent
+  // conversion (assign(value.to(dtype())) converts on purpose).
   void assign(const Tensor& value);
 
   // Movement (views; no copy until needed).

@@ -92,8 +92,8 @@ Tensor Flatten::forward(const Tensor& x) { return flatten(x, start_dim_, end_dim
 
 LayerNorm::LayerNorm(const LayerNormOptions& o) : Module("LayerNorm"), options_(o) {
   if (o.elementwise_affine()) {
-    weight = register_parameter("weight", ones(o.normalized_shape()).realize());
-    bias = register_parameter("bias", zeros(o.normalized_shape()).realize());
+    weight = register_parameter("weight", ones(o.normalized_shape(), o.dtype()).realize());
+    bias = register_parameter("bias", zeros(o.normalized_shape(), o.dtype()).realize());
   }
   set_extra_repr(fmt::format("{}, eps={}", shape_str(o.normalized_shape()), o.eps()));
 }
@@ -101,67 +101,39 @@ Tensor LayerNorm::forward(const Tensor& x) {
   return layer_norm(x, options_.normalized_shape(), weight, bias, options_.eps());
 }
 
-Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim) : Module("Embedding") {
-  KILN_CHECK(num_embeddings > 0 && embedding_dim > 0, "Embedding", "sizes must be positive, got {} x {}",
-             num_embeddings, embedding_dim);
-  weight = register_parameter("weight", randn({num_embeddings, embedding_dim}).realize());
-  set_extra_repr(fmt::format("{}, {}", num_embeddings, embedding_dim));
+Embedding::Embedding(const EmbeddingOptions& o) : Module("Embedding"), options_(o) {
+  KILN_CHECK(o.num_embeddings() > 0 && o.embedding_dim() > 0, "Embedding", "sizes must be positive, got {} x {}",
+             o.num_embeddings(), o.embedding_dim());
+  KILN_CHECK(is_floating(o.dtype()), "Embedding", "the table's dtype must be floating-point, got {}",
+             dtype_name(o.dtype()));
+  weight = register_parameter("weight", randn({o.num_embeddings(), o.embedding_dim()}, o.dtype()).realize());
+  set_extra_repr(fmt::format("{}, {}", o.num_embeddings(), o.embedding_dim()));
 }
-Tensor Embedding::forward(const Tensor& indices) {
-  KILN_CHECK(is_integral(indices.dtype()), "Embedding", "indices have dtype {}; need integers",
-             dtype_name(indices.dtype()));
-  Shape out_shape = indices.shape();
-  out_shape.push_back(weight.size(1));
-  return index_select(weight, 0, indices.reshape({indices.numel()})).reshape(out_shape);  // (..., D)
-}
+Tensor Embedding::forward(const Tensor& indices) { return embedding(indices, weight); }
 
 BatchNormBase::BatchNormBase(const char* name, const BatchNormOptions& o) : Module(name), options_(o) {
   KILN_CHECK(o.features() > 0, name, "features must be positive, got {}", o.features());
   if (o.affine()) {
-    weight = register_parameter("weight", ones({o.features()}).realize());
-    bias = register_parameter("bias", zeros({o.features()}).realize());
+    weight = register_parameter("weight", ones({o.features()}, o.dtype()).realize());
+    bias = register_parameter("bias", zeros({o.features()}, o.dtype()).realize());
   }
   if (o.track_running_stats()) {
-    running_mean = register_buffer("running_mean", zeros({o.features()}).realize());
-    running_var = register_buffer("running_var", ones({o.features()}).realize());
+    running_mean = register_buffer("running_mean", zeros({o.features()}, o.dtype()).realize());
+    running_var = register_buffer("running_var", ones({o.features()}, o.dtype()).realize());
     num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, DType::Int64).realize());
   }
   set_extra_repr(fmt::format("{}, eps={}, momentum={}", o.features(), o.eps(), o.momentum()));
 }
 
-Tensor BatchNormBase::normalize(const Tensor& x_in) const {
-  AutocastScope amp("batch_norm");
-  const Tensor x = amp(x_in);
-  int64_t C = options_.features();
-  std::vector<int64_t> axes{0};           // every axis but the channels
-  Shape channel_shape{C};                 // (C, 1, ...): broadcasts against x
-  for (size_t d = 2; d < x.dim(); ++d) {
-    axes.push_back(static_cast<int64_t>(d));
-    channel_shape.push_back(1);
+Tensor BatchNormBase::normalize(const Tensor& x) const {
+  // Eval without running statistics normalizes with the batch's, updating nothing.
+  const bool use_batch = is_training() || !options_.track_running_stats();
+  Tensor y = batch_norm(x, running_mean, running_var, weight, bias, use_batch, options_.momentum(), options_.eps());
+  if (is_training() && options_.track_running_stats()) {
+    NoGradGuard no_grad;
+    Tensor batches = num_batches_tracked;
+    batches.assign(num_batches_tracked + 1.0);
   }
-  bool use_batch = is_training() || !options_.track_running_stats();
-  Tensor mean, var;
-  if (use_batch) {
-    int64_t count = x.numel() / C;
-    KILN_CHECK(!is_training() || count > 1, type_name(),
-               "training needs more than one value per channel, got {}", shape_str(x.shape()));
-    mean = kiln::mean(x, axes);                  // (C)
-    var = kiln::var(x, axes, false, false);      // (C), biased: what normalization uses
-    if (is_training() && options_.track_running_stats()) {
-      NoGradGuard no_grad;
-      double m = options_.momentum();
-      double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
-      Tensor running_mean_var = running_mean, running_var_var = running_var, batches = num_batches_tracked;
-      running_mean_var.assign(running_mean * (1.0 - m) + mean.detach() * m);
-      running_var_var.assign(running_var * (1.0 - m) + var.detach() * (m * unbias));
-      batches.assign(num_batches_tracked + 1.0);
-    }
-  } else {
-    mean = running_mean;
-    var = running_var;
-  }
-  Tensor y = (x - mean.reshape(channel_shape)) * rsqrt(var.reshape(channel_shape) + options_.eps());
-  if (weight.defined()) y = y * weight.reshape(channel_shape) + bias.reshape(channel_shape);
   return y;
 }
 

@@ -123,6 +123,7 @@ class LayerNormOptions {
   KILN_OPTION(Shape, normalized_shape, {})
   KILN_OPTION(double, eps, 1e-5)
   KILN_OPTION(bool, elementwise_affine, true)
+  KILN_OPTION(DType, dtype, DType::Float32)  // of weight and bias
 };
 
 // Normalizes over the trailing `normalized_shape` dims; weight (ones) and bias (zeros) of that shape.
@@ -138,13 +139,27 @@ class LayerNorm : public Module {
   LayerNormOptions options_;
 };
 
+class EmbeddingOptions {
+ public:
+  EmbeddingOptions(int64_t num_embeddings, int64_t embedding_dim)
+      : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim) {}
+  KILN_OPTION(int64_t, num_embeddings, 0)
+  KILN_OPTION(int64_t, embedding_dim, 0)
+  KILN_OPTION(DType, dtype, DType::Float32)  // of the table
+};
+
 // A table of num_embeddings vectors of size embedding_dim, initialized N(0, 1).
-// indices (...) integer -> (..., embedding_dim).
+// indices (...) integer -> (..., embedding_dim) (kiln::embedding).
 class Embedding : public Module {
  public:
-  Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  Embedding(int64_t num_embeddings, int64_t embedding_dim) : Embedding(EmbeddingOptions(num_embeddings, embedding_dim)) {}
+  explicit Embedding(const EmbeddingOptions& options);
   Tensor forward(const Tensor& indices) override;
+  const EmbeddingOptions& options() const { return options_; }
   Tensor weight;  // (num_embeddings, embedding_dim)
+
+ private:
+  EmbeddingOptions options_;
 };
 
 // Options of BatchNorm1d and BatchNorm2d (one class, as PyTorch's BatchNormOptions).
@@ -156,14 +171,15 @@ class BatchNormOptions {
   KILN_OPTION(double, momentum, 0.1)  // running = (1 - momentum) * running + momentum * batch
   KILN_OPTION(bool, affine, true)
   KILN_OPTION(bool, track_running_stats, true)
+  KILN_OPTION(DType, dtype, DType::Float32)  // of weight, bias and the running statistics
 };
 using BatchNorm1dOptions = BatchNormOptions;
 using BatchNorm2dOptions = BatchNormOptions;
 
 // What BatchNorm1d and BatchNorm2d share: parameters, running statistics and the
-// normalization over every axis but the channel axis 1. Training: normalizes with the batch mean
-// and (biased) variance and updates running_mean / running_var (unbiased variance) lazily
-// through assign. Eval: uses the running statistics. Include buffers() in whatever you sync
+// normalization over every axis but the channel axis 1 (kiln::batch_norm). Training: normalizes
+// with the batch mean and (biased) variance and updates running_mean / running_var (unbiased
+// variance) lazily through assign. Eval: uses the running statistics. Include buffers() in whatever you sync
 // after a step, so the update chain is realized each step.
 class BatchNormBase : public Module {
  public:

@@ -56,13 +56,13 @@ MultiheadAttention::MultiheadAttention(const MultiheadAttentionOptions& o) : Mod
              "dim {} must be a positive multiple of heads {}", o.dim(), o.heads());
   const int64_t d = o.dim();
   if (o.fused_qkv()) {
-    qkv = register_module("qkv", Linear(LinearOptions(d, 3 * d).bias(o.bias())));
+    qkv = register_module("qkv", Linear(LinearOptions(d, 3 * d).bias(o.bias()).dtype(o.dtype())));
   } else {
-    q_proj = register_module("q_proj", Linear(LinearOptions(d, d).bias(o.bias())));
-    k_proj = register_module("k_proj", Linear(LinearOptions(d, d).bias(o.bias())));
-    v_proj = register_module("v_proj", Linear(LinearOptions(d, d).bias(o.bias())));
+    q_proj = register_module("q_proj", Linear(LinearOptions(d, d).bias(o.bias()).dtype(o.dtype())));
+    k_proj = register_module("k_proj", Linear(LinearOptions(d, d).bias(o.bias()).dtype(o.dtype())));
+    v_proj = register_module("v_proj", Linear(LinearOptions(d, d).bias(o.bias()).dtype(o.dtype())));
   }
-  out_proj = register_module("out_proj", Linear(LinearOptions(d, d).bias(o.bias())));
+  out_proj = register_module("out_proj", Linear(LinearOptions(d, d).bias(o.bias()).dtype(o.dtype())));
   set_extra_repr(fmt::format("dim={}, heads={}, causal={}, dropout={}", d, o.heads(), o.causal(), o.dropout()));
 }
 
@@ -106,12 +106,14 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
 
 TransformerBlock::TransformerBlock(const TransformerBlockOptions& o) : Module("TransformerBlock"), dropout_(o.dropout()) {
   const int64_t d = o.dim(), hidden = o.hidden() > 0 ? o.hidden() : 4 * d;
-  ln1 = register_module("ln1", LayerNorm(d));
-  attn = register_module("attn", MultiheadAttention(
-                                     MultiheadAttentionOptions(d, o.heads()).dropout(o.dropout()).causal(o.causal())));
-  ln2 = register_module("ln2", LayerNorm(d));
-  fc = register_module("fc", Linear(d, hidden));
-  proj = register_module("proj", Linear(hidden, d));
+  ln1 = register_module("ln1", LayerNorm(LayerNormOptions({d}).dtype(o.dtype())));
+  attn = register_module("attn", MultiheadAttention(MultiheadAttentionOptions(d, o.heads())
+                                                        .dropout(o.dropout())
+                                                        .causal(o.causal())
+                                                        .dtype(o.dtype())));
+  ln2 = register_module("ln2", LayerNorm(LayerNormOptions({d}).dtype(o.dtype())));
+  fc = register_module("fc", Linear(LinearOptions(d, hidden).dtype(o.dtype())));
+  proj = register_module("proj", Linear(LinearOptions(hidden, d).dtype(o.dtype())));
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) {
@@ -125,13 +127,15 @@ GPT::GPT(const GPTConfig& c) : Module("GPT"), config_(c) {
              c.vocab(), c.ctx(), c.layers());
   KILN_CHECK(c.dim() > 0 && c.heads() > 0 && c.dim() % c.heads() == 0, "GPT",
              "dim {} must be a positive multiple of heads {}", c.dim(), c.heads());
-  tokens = register_module("tokens", Embedding(c.vocab(), c.dim()));
-  positions = register_module("positions", Embedding(c.ctx(), c.dim()));
+  tokens = register_module("tokens", Embedding(EmbeddingOptions(c.vocab(), c.dim()).dtype(c.dtype())));
+  positions = register_module("positions", Embedding(EmbeddingOptions(c.ctx(), c.dim()).dtype(c.dtype())));
   blocks = register_module("blocks", ModuleList());
   for (int64_t i = 0; i < c.layers(); ++i)
-    blocks.push_back(TransformerBlock(TransformerBlockOptions(c.dim(), c.heads()).dropout(c.dropout())));
-  ln_f = register_module("ln_f", LayerNorm(c.dim()));
-  if (!c.tie_weights()) head = register_module("head", Linear(LinearOptions(c.dim(), c.vocab()).bias(false)));
+    blocks.push_back(
+        TransformerBlock(TransformerBlockOptions(c.dim(), c.heads()).dropout(c.dropout()).dtype(c.dtype())));
+  ln_f = register_module("ln_f", LayerNorm(LayerNormOptions({c.dim()}).dtype(c.dtype())));
+  if (!c.tie_weights())
+    head = register_module("head", Linear(LinearOptions(c.dim(), c.vocab()).bias(false).dtype(c.dtype())));
   // GPT-2's initialization: N(0, 0.02), the projections into the residual stream scaled down by
   // √(2 layers) so the stream's variance does not grow with depth; biases 0; LayerNorms 1 and 0.
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers()));

@@ -37,6 +37,7 @@ class MultiheadAttentionOptions {
   KILN_OPTION(bool, bias, true)
   KILN_OPTION(bool, causal, false)
   KILN_OPTION(bool, fused_qkv, true)  // one (dim -> 3 dim) projection instead of three
+  KILN_OPTION(DType, dtype, DType::Float32)  // of every parameter
 };
 
 // Self-attention over x (B, T, dim) -> (B, T, dim), or attention of query (B, Tq, dim) over
@@ -66,6 +67,7 @@ class TransformerBlockOptions {
   KILN_OPTION(double, dropout, 0.0)  // attention weights and both residual branches
   KILN_OPTION(bool, causal, true)
   KILN_OPTION(int64_t, hidden, 0)    // the MLP's width; 0: 4 * dim
+  KILN_OPTION(DType, dtype, DType::Float32)  // of every parameter
 };
 
 // Pre-LN: x + attn(ln1(x)), then + mlp(ln2(x)) with a GELU MLP of 4 * dim.
@@ -93,6 +95,7 @@ class GPTConfig {
   KILN_OPTION(double, dropout, 0.0)
   KILN_OPTION(bool, tie_weights, true)  // the head is the token embedding's transpose
   KILN_OPTION(bool, checkpoint, false)   // recompute each block for the backward (nn::checkpoint)
+  KILN_OPTION(DType, dtype, DType::Float32)  // of every parameter
 };
 
 class GenerateOptions {

@@ -1,6 +1,7 @@
 // Composite ops: built only from primitives, so the JIT fuses them and autograd derives them.
 #include <cmath>
 
+#include "core/autograd.h"
 #include "ops/autocast.h"
 #include "ops/ops.h"
 
@@ -107,6 +108,52 @@ Tensor layer_norm(const Tensor& x_in, Shape normalized_shape, const Tensor& weig
   Tensor y = centered * rsqrt(variance + eps);
   if (weight.defined()) y = y * weight;
   if (bias.defined()) y = y + bias;
+  return y;
+}
+
+Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum, double eps) {
+  AutocastScope amp("batch_norm");
+  const Tensor x = amp(x_in);
+  KILN_CHECK(x.dim() >= 2, "batch_norm", "input {} needs a batch and a channel axis (N, C, ...)", shape_str(x.shape()));
+  const int64_t C = x.size(1);
+  for (const auto& [what, t] : {std::pair{"running_mean", running_mean}, {"running_var", running_var},
+                                {"weight", weight}, {"bias", bias}})
+    KILN_CHECK(!t.defined() || t.shape() == Shape{C}, "batch_norm", "{} {} does not match the {} channels of input {}",
+               what, shape_str(t.shape()), C, shape_str(x.shape()));
+  KILN_CHECK(running_mean.defined() == running_var.defined(), "batch_norm",
+             "running_mean and running_var come together (both defined or both undefined)");
+  KILN_CHECK(training || running_mean.defined(), "batch_norm",
+             "evaluation (training = false) normalizes with running statistics; pass running_mean and running_var, "
+             "or training = true for the batch's");
+  std::vector<int64_t> axes{0};  // every axis but the channels
+  Shape channel_shape{C};        // (C, 1, ...): broadcasts against x
+  for (size_t d = 2; d < x.dim(); ++d) {
+    axes.push_back(static_cast<int64_t>(d));
+    channel_shape.push_back(1);
+  }
+  Tensor mean, var;
+  if (training) {
+    const int64_t count = x.numel() / std::max<int64_t>(C, 1);
+    KILN_CHECK(count > 1, "batch_norm", "training needs more than one value per channel, got input {}",
+               shape_str(x.shape()));
+    mean = kiln::mean(x, axes);              // (C)
+    var = kiln::var(x, axes, false, false);  // (C), biased: what normalization uses
+    if (running_mean.defined()) {
+      NoGradGuard no_grad;
+      const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
+      // The statistics keep their dtype (float32 beside a float16 batch): a deliberate cast.
+      Tensor rm = running_mean, rv = running_var;
+      rm.assign((running_mean * (1.0 - momentum) + mean.detach() * momentum).to(running_mean.dtype()));
+      rv.assign((running_var * (1.0 - momentum) + var.detach() * (momentum * unbias)).to(running_var.dtype()));
+    }
+  } else {
+    mean = running_mean;
+    var = running_var;
+  }
+  Tensor y = (x - mean.reshape(channel_shape)) * rsqrt(var.reshape(channel_shape) + eps);
+  if (weight.defined()) y = y * weight.reshape(channel_shape);
+  if (bias.defined()) y = y + bias.reshape(channel_shape);
   return y;
 }
 

@@ -1,4 +1,4 @@
-// Reindexing of the user API: gather, scatter_add, index_select, one_hot.
+// Reindexing of the user API: gather, scatter_add, index_select, embedding, one_hot.
 #include "ops/ops.h"
 #include "ops/primitive.h"
 
@@ -23,6 +23,16 @@ Tensor index_select(const Tensor& a, int64_t axis, const Tensor& index) {
   Shape out_shape = a.shape();
   out_shape[ax] = index.numel();
   return prim::gather(a, ax, expand(reshape(index, idx_shape), out_shape));
+}
+
+Tensor embedding(const Tensor& indices, const Tensor& weight) {
+  KILN_CHECK(weight.dim() == 2, "embedding", "weight must be a table (V, D), got {}", shape_str(weight.shape()));
+  KILN_CHECK(is_integral(indices.dtype()) && indices.dtype() != DType::Bool, "embedding",
+             "indices {} must be integers (int32 or int64), got {}", shape_str(indices.shape()),
+             dtype_name(indices.dtype()));
+  Shape out_shape = indices.shape();
+  out_shape.push_back(weight.size(1));
+  return reshape(index_select(weight, 0, reshape(indices, {indices.numel()})), out_shape);  // (..., D)
 }
 
 Tensor one_hot(const Tensor& labels, int64_t classes, DType dtype) {

@@ -76,11 +76,73 @@ Tensor slice(const Tensor& a, int64_t axis, int64_t start, int64_t stop, int64_t
   return prim::slice(a, starts, steps, shape);
 }
 
-Tensor pad(const Tensor& a, std::vector<std::pair<int64_t, int64_t>> pads) {
+namespace {
+// For a reflect or replicate pad of one axis of `extent` elements: the source index of each
+// output position (a negative pad starts or stops inside the axis).
+std::vector<int64_t> edge_sources(int64_t extent, int64_t before, int64_t after, PadMode mode) {
+  std::vector<int64_t> sources;
+  for (int64_t i = -before; i < extent + after; ++i) {
+    int64_t j = i;
+    if (mode == PadMode::Reflect) j = j < 0 ? -j : j >= extent ? 2 * (extent - 1) - j : j;
+    else j = std::clamp<int64_t>(j, 0, extent - 1);
+    sources.push_back(j);
+  }
+  return sources;
+}
+}  // namespace
+
+Tensor pad(const Tensor& a, std::vector<std::pair<int64_t, int64_t>> pads, PadMode mode, double value) {
   KILN_CHECK(pads.size() <= a.dim(), "pad", "{} padding pairs for a tensor of rank {}", pads.size(), a.dim());
+  KILN_CHECK(mode == PadMode::Constant || value == 0, "pad", "a fill value ({}) applies to PadMode::Constant only",
+             value);
   std::vector<int64_t> before(a.dim(), 0), after(a.dim(), 0);
   for (size_t i = 0; i < pads.size(); ++i) std::tie(before[i], after[i]) = pads[i];
-  return prim::pad(a, before, after);
+  for (size_t i = 0; i < a.dim(); ++i) {
+    const int64_t n = a.shape()[i];
+    KILN_CHECK(n + before[i] + after[i] >= 0 && n + std::min<int64_t>(before[i], 0) >= 0 &&
+                   n + std::min<int64_t>(after[i], 0) >= 0,
+               "pad", "padding ({}, {}) on axis {} of {} crops more than the axis's {} elements", before[i], after[i], i,
+               shape_str(a.shape()), n);
+    if (mode == PadMode::Reflect)
+      KILN_CHECK(before[i] < n && after[i] < n, "pad",
+                 "reflect padding ({}, {}) on axis {} of {} must be smaller than the axis ({}); use "
+                 "PadMode::Replicate or pad in steps",
+                 before[i], after[i], i, shape_str(a.shape()), n);
+    if (mode == PadMode::Replicate)
+      KILN_CHECK(n > 0 || (before[i] <= 0 && after[i] <= 0), "pad",
+                 "replicate padding of empty axis {} of {}: there is no edge to repeat", i, shape_str(a.shape()));
+  }
+  Tensor x = a;
+  if (mode != PadMode::Constant) {
+    // Each padded axis as a gather of source positions: its gradient sums what the edges lent.
+    for (size_t i = 0; i < a.dim(); ++i) {
+      if (before[i] == 0 && after[i] == 0) continue;
+      const std::vector<int64_t> sources = edge_sources(a.shape()[i], before[i], after[i], mode);
+      const int64_t count = static_cast<int64_t>(sources.size());
+      x = index_select(x, static_cast<int64_t>(i), from_vector<int64_t>(sources, {count}).to(a.device()));
+    }
+    return x;
+  }
+  // Negative pads crop first (a view); the rest pads with zeros, and a mask of where the input
+  // landed places a non-zero fill.
+  std::vector<int64_t> grow_before(a.dim()), grow_after(a.dim());
+  for (size_t i = 0; i < a.dim(); ++i) {
+    const int64_t start = std::max<int64_t>(-before[i], 0), stop = a.shape()[i] - std::max<int64_t>(-after[i], 0);
+    if (start != 0 || stop != a.shape()[i]) x = slice(x, static_cast<int64_t>(i), start, stop);
+    grow_before[i] = std::max<int64_t>(before[i], 0);
+    grow_after[i] = std::max<int64_t>(after[i], 0);
+  }
+  const bool grows = std::any_of(grow_before.begin(), grow_before.end(), [](int64_t p) { return p > 0; }) ||
+                     std::any_of(grow_after.begin(), grow_after.end(), [](int64_t p) { return p > 0; });
+  if (!grows) return x;
+  Tensor padded = prim::pad(x, grow_before, grow_after);
+  if (value == 0) return padded;
+  Tensor inside = prim::pad(prim::follow(ones(x.shape(), DType::Bool), a.device()), grow_before, grow_after);
+  return where(inside, padded, scalar(value, a.dtype()));
+}
+
+Tensor pad(const Tensor& a, std::vector<std::pair<int64_t, int64_t>> pads, double value) {
+  return pad(a, std::move(pads), PadMode::Constant, value);
 }
 
 Tensor concat(const std::vector<Tensor>& tensors, int64_t axis) {

@@ -8,6 +8,7 @@
 #include <array>
 #include <vector>
 
+#include "core/options.h"
 #include "core/tensor.h"
 #include "ops/loss.h"  // cross_entropy, mse_loss, ... and their options
 
@@ -71,6 +72,8 @@ Tensor eq(const Tensor& a, const Tensor& b);
 Tensor ne(const Tensor& a, const Tensor& b);
 Tensor logical_and(const Tensor& a, const Tensor& b);
 Tensor logical_or(const Tensor& a, const Tensor& b);
+// a where cond is true, b elsewhere (all three broadcast together). A non-bool cond counts as
+// true where it is nonzero (NaN is nonzero), as in NumPy (torch.where asks for a bool cond).
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // `value` where the bool mask (broadcast to a's shape) is true, a elsewhere.
 Tensor masked_fill(const Tensor& a, const Tensor& mask, double value);
@@ -111,8 +114,15 @@ Tensor transpose(const Tensor& a, int64_t axis0, int64_t axis1);
 Tensor expand(const Tensor& a, Shape shape);  // NumPy broadcasting of a to shape
 Tensor broadcast_to(const Tensor& a, Shape shape);
 Tensor slice(const Tensor& a, int64_t axis, int64_t start, int64_t stop, int64_t step = 1);
-// pads[i] = {before, after} for axis i (missing trailing axes: no padding); pads with zeros.
-Tensor pad(const Tensor& a, std::vector<std::pair<int64_t, int64_t>> pads);
+// pads[i] = {before, after} for axis i (missing trailing axes: no padding), as in PyTorch's
+// modes: Constant fills with `value`; Reflect mirrors without repeating the edge (pad < extent);
+// Replicate repeats the edge (extent > 0). A negative pad removes that many elements (a crop).
+//   pad(x, {{0, 0}, {2, 2}}, PadMode::Reflect);   // (N, L) -> (N, L + 4)
+//   pad(x, {{1, -1}}, 0.5);                       // shifted down one row, 0.5 in the new first
+enum class PadMode { Constant, Reflect, Replicate };
+Tensor pad(const Tensor& a, std::vector<std::pair<int64_t, int64_t>> pads, PadMode mode = PadMode::Constant,
+           double value = 0.0);
+Tensor pad(const Tensor& a, std::vector<std::pair<int64_t, int64_t>> pads, double value);
 Tensor concat(const std::vector<Tensor>& tensors, int64_t axis = 0);
 // Pieces of `size` along axis (the last one shorter when size does not divide it), as
 // torch.split; chunk: `chunks` pieces of ceil(extent / chunks) (fewer when that covers it).
@@ -125,10 +135,25 @@ Tensor flatten(const Tensor& a, int64_t start = 0, int64_t end = -1);
 
 // ---- reductions (empty axes = all) ----
 Tensor sum(const Tensor& a, std::vector<int64_t> axes = {}, bool keepdim = false);
+// max/min of the values (no indices); amax/amin are the same ops under PyTorch's other names.
+// A gradient is shared evenly between tied extremes.
 Tensor max(const Tensor& a, std::vector<int64_t> axes = {}, bool keepdim = false);
 Tensor min(const Tensor& a, std::vector<int64_t> axes = {}, bool keepdim = false);
+Tensor amax(const Tensor& a, std::vector<int64_t> axes = {}, bool keepdim = false);
+Tensor amin(const Tensor& a, std::vector<int64_t> axes = {}, bool keepdim = false);
 Tensor mean(const Tensor& a, std::vector<int64_t> axes = {}, bool keepdim = false);
+// Variance and standard deviation: the sum of squared deviations over n - correction (n: the
+// number of elements reduced; PyTorch's correction, 1 by default there and here). The bool form
+// is the older spelling: unbiased = correction 1, biased (its default) = correction 0.
+//   var(x, {1}, VarianceOptions().correction(0).keepdim(true));
+class VarianceOptions {
+  KILN_OPTION(int64_t, correction, 1)  // >= 0; n - correction <= 0 gives inf or NaN, as in PyTorch
+  KILN_OPTION(bool, keepdim, false)
+};
+Tensor var(const Tensor& a, std::vector<int64_t> axes, const VarianceOptions& options);
 Tensor var(const Tensor& a, std::vector<int64_t> axes = {}, bool keepdim = false, bool unbiased = false);
+Tensor std(const Tensor& a, std::vector<int64_t> axes, const VarianceOptions& options);
+Tensor std(const Tensor& a, std::vector<int64_t> axes = {}, bool keepdim = false, bool unbiased = false);
 Tensor argmax(const Tensor& a, int64_t axis, bool keepdim = false);  // int64, first maximum
 
 // ---- indexing ----
@@ -138,6 +163,9 @@ Tensor gather(const Tensor& a, int64_t axis, const Tensor& index);
 Tensor scatter_add(Shape shape, int64_t axis, const Tensor& index, const Tensor& src);
 // Rows of a along axis picked by a 1-d index (embedding lookup).
 Tensor index_select(const Tensor& a, int64_t axis, const Tensor& index);
+// Rows of weight (V, D) picked by integer indices of any shape (...) -> (..., D): nn::Embedding's
+// forward (torch.nn.functional.embedding without max_norm or padding_idx).
+Tensor embedding(const Tensor& indices, const Tensor& weight);
 Tensor one_hot(const Tensor& labels, int64_t classes, DType dtype = DType::Float32);
 
 // ---- linear algebra ----
@@ -173,6 +201,14 @@ Tensor logsumexp(const Tensor& x, std::vector<int64_t> axes, bool keepdim = fals
 // Normalizes over the trailing dims of `normalized_shape`; weight/bias optional (undefined).
 Tensor layer_norm(const Tensor& x, Shape normalized_shape, const Tensor& weight = {},
                   const Tensor& bias = {}, double eps = 1e-5);
+// Batch normalization of x (N, C, ...) over every axis but the channels (1), as
+// torch.nn.functional.batch_norm. training: the batch's mean and biased variance normalize, and
+// running_mean / running_var (C), when defined, are updated lazily through assign:
+// running = (1 - momentum) * running + momentum * batch statistic (the variance unbiased), kept
+// in their own dtype. Not training: the running statistics normalize (they must be defined).
+// weight and bias (C) are optional (undefined).
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight = {},
+                  const Tensor& bias = {}, bool training = false, double momentum = 0.1, double eps = 1e-5);
 // Zeroes elements with probability p and scales the rest by 1/(1-p) when `training`.
 Tensor dropout(const Tensor& x, double p, bool training = true);
 

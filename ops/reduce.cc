@@ -75,15 +75,39 @@ Tensor mean(const Tensor& a_in, std::vector<int64_t> axes, bool keepdim) {
   return half ? cast(m, t) : m;
 }
 
-Tensor var(const Tensor& a_in, std::vector<int64_t> axes, bool keepdim, bool unbiased) {
-  AutocastScope amp("var");
+Tensor amax(const Tensor& a, std::vector<int64_t> axes, bool keepdim) { return max(a, std::move(axes), keepdim); }
+Tensor amin(const Tensor& a, std::vector<int64_t> axes, bool keepdim) { return min(a, std::move(axes), keepdim); }
+
+namespace {
+// clamp_divisor: the bool forms' old rule, n - correction clamped to 1 (one value: variance 0).
+Tensor variance(const Tensor& a_in, std::vector<int64_t> axes, int64_t correction, bool keepdim, const char* name,
+                bool clamp_divisor = false) {
+  AutocastScope amp(name);
   const Tensor a = amp(a_in);
-  auto norm = normalize_axes(a, axes, "var");
+  KILN_CHECK(correction >= 0, name, "correction {} is negative; use 0 (biased), 1 (unbiased) or more", correction);
+  auto norm = normalize_axes(a, axes, name);
   int64_t count = 1;
   for (int64_t ax : norm) count *= a.shape()[ax];
   Tensor centered = a - mean(a, norm, true);
   Tensor ss = sum(centered * centered, norm, keepdim);
-  return ss * (1.0 / static_cast<double>(std::max<int64_t>(unbiased ? count - 1 : count, 1)));
+  // n - correction <= 0: PyTorch's inf (or NaN for a zero sum), not a clamped divisor.
+  const int64_t divisor = clamp_divisor ? std::max<int64_t>(count - correction, 1) : count - correction;
+  if (divisor <= 0) return ss * std::numeric_limits<double>::infinity();
+  return ss * (1.0 / static_cast<double>(divisor));
+}
+}  // namespace
+
+Tensor var(const Tensor& a, std::vector<int64_t> axes, const VarianceOptions& options) {
+  return variance(a, std::move(axes), options.correction(), options.keepdim(), "var");
+}
+Tensor var(const Tensor& a, std::vector<int64_t> axes, bool keepdim, bool unbiased) {
+  return variance(a, std::move(axes), unbiased ? 1 : 0, keepdim, "var", true);
+}
+Tensor std(const Tensor& a, std::vector<int64_t> axes, const VarianceOptions& options) {
+  return sqrt(variance(a, std::move(axes), options.correction(), options.keepdim(), "std"));
+}
+Tensor std(const Tensor& a, std::vector<int64_t> axes, bool keepdim, bool unbiased) {
+  return sqrt(variance(a, std::move(axes), unbiased ? 1 : 0, keepdim, "std", true));
 }
 
 Tensor argmax(const Tensor& a, int64_t axis, bool keepdim) {

@@ -11,6 +11,8 @@
 // Legend: N = samples, D = input features, H = hidden units.
 #include <kiln/kiln.h>
 
+#include "samples/command_line.h"
+
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
@@ -92,10 +94,11 @@ int main(int argc, char** argv) {
   double lr = 0.1;
   int print_every = 25;
   CLI::App app{"kiln quickstart: a 2-layer MLP trained with SGD, one plan per step"};
-  app.add_option("--steps", steps, "training steps")->check(CLI::PositiveNumber);
-  app.add_option("--lr", lr, "SGD learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--print-every", print_every, "print the loss every this many steps")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  kiln::samples::CommandLine cli(app);
+  cli.at_least("--steps", steps, 1, "training steps");
+  cli.positive("--lr", lr, "SGD learning rate");
+  cli.at_least("--print-every", print_every, 1, "print the loss every this many steps");
+  if (std::optional<int> exit_code = cli.parse(argc, argv)) return *exit_code;
   try {
     train(steps, lr, print_every);
   } catch (const std::exception& e) {  // kiln::Error (a bad flag value, no memory) and the rest: a message

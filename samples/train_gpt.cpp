@@ -38,6 +38,7 @@
 //   mpirun -np 2 ./build/samples/train_gpt --pipeline 2 --micro-batches 4
 #include <kiln/kiln.h>
 
+#include "samples/command_line.h"
 #include "samples/step_recorder.h"
 
 #include <CLI/CLI.hpp>
@@ -174,15 +175,16 @@ int main(int argc, char** argv) {
   int64_t pipeline = 0, micro_batches = 4;
   bool checkpoint = false, data_parallel = false;
   app.add_option("--text", text_path, "a text file, or a folder whose files are read in sorted order");
-  app.add_option("--steps", steps, "training steps (0: only evaluate and sample)")->check(CLI::NonNegativeNumber);
-  app.add_option("--batch", batch, "windows per step")->check(CLI::PositiveNumber);
-  app.add_option("--ctx", ctx, "context length (tokens per window)")->check(CLI::PositiveNumber);
-  app.add_option("--layers", layers, "transformer blocks")->check(CLI::PositiveNumber);
-  app.add_option("--heads", heads, "attention heads (must divide --dim)")->check(CLI::PositiveNumber);
-  app.add_option("--dim", dim, "model width")->check(CLI::PositiveNumber);
-  app.add_option("--lr", lr, "peak learning rate of AdamW")->check(CLI::PositiveNumber);
+  kiln::samples::CommandLine cli(app);
+  cli.at_least("--steps", steps, 0, "training steps (0: only evaluate and sample)");
+  cli.at_least("--batch", batch, 1, "windows per step");
+  cli.at_least("--ctx", ctx, 1, "context length (tokens per window)");
+  cli.at_least("--layers", layers, 1, "transformer blocks");
+  cli.at_least("--heads", heads, 1, "attention heads (must divide --dim)");
+  cli.at_least("--dim", dim, 1, "model width");
+  cli.positive("--lr", lr, "peak learning rate of AdamW");
   app.add_option("--seed", seed, "seed of initialization, batches and sampling");
-  app.add_option("--eval-every", eval_every, "steps between validation losses")->check(CLI::PositiveNumber);
+  cli.at_least("--eval-every", eval_every, 1, "steps between validation losses");
   app.add_option("--save", save_path, "write the weights (safetensors) and the optimizer state next to them");
   app.add_option("--load", load_path, "start from these weights (and their optimizer state, if saved)");
   app.add_option("--log-csv", csv_path, "write step,loss,val_loss per step to this CSV file");
@@ -199,13 +201,13 @@ int main(int argc, char** argv) {
                  "KILN_RECOMPUTE: cheap (the default), elementwise (also GELU outputs) or off")
       ->check(CLI::IsMember({"cheap", "elementwise", "off"}));
   app.add_flag("--data-parallel", data_parallel, "train on every process mpirun starts, gradients averaged");
-  app.add_option("--pipeline", pipeline, "cut the model into this many pipeline stages, one per process (mpirun -np N)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--micro-batches", micro_batches, "micro-batches per step under --pipeline (must divide --batch)")
-      ->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  cli.at_least("--pipeline", pipeline, 1, "cut the model into this many pipeline stages, one per process (mpirun -np N)");
+  cli.at_least("--micro-batches", micro_batches, 1, "micro-batches per step under --pipeline (must divide --batch)");
+  if (std::optional<int> exit_code = cli.parse(argc, argv)) return *exit_code;
 
   try {
+    // Before the text is read or a step run: a --save that cannot be written fails now, not at the end.
+    if (!save_path.empty()) kiln::samples::check_writable("--save", {save_path, optimizer_path(save_path)});
     namespace dist = kiln::distributed;
     KILN_CHECK(!(data_parallel && pipeline > 0), "train_gpt", "--data-parallel and --pipeline cannot be combined here; "
                "choose one");

@@ -58,6 +58,7 @@
 // cuBLAS/cuDNN calls; only the loss and the count of correct predictions come back each step.
 #include <kiln/kiln.h>
 
+#include "samples/command_line.h"
 #include "samples/mnist_models.h"
 #include "samples/step_recorder.h"
 
@@ -455,11 +456,11 @@ int main(int argc, char** argv) {
   auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir, amp, seed,
          data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule, tensor_parallel, trace_path,
          memory_report, quantize, compress_activations] = s;
-  app.add_option("--epochs", epochs, "passes over the training set")->check(CLI::PositiveNumber);
-  app.add_option("--max-steps", max_steps, "stop after this many steps in all (-1: no limit)");
-  app.add_option("--batch", batch_size, "examples per step")->check(CLI::PositiveNumber);
-  app.add_option("--lr", lr, "peak learning rate of SGD (momentum 0.9), cosine-annealed to 0")
-      ->check(CLI::PositiveNumber);
+  kiln::samples::CommandLine cli(app);
+  cli.at_least("--epochs", epochs, 1, "passes over the training set");
+  cli.at_least("--max-steps", max_steps, -1, "stop after this many steps in all (-1: no limit)");
+  cli.at_least("--batch", batch_size, 1, "examples per step");
+  cli.positive("--lr", lr, "peak learning rate of SGD (momentum 0.9), cosine-annealed to 0");
   app.add_option("--model", model_name, "mlp (784-512-512-10) or cnn (conv 32, pool, conv 64, pool, fc 128, fc 10)")
       ->check(CLI::IsMember({"mlp", "cnn"}));
   app.add_option("--device", device, "cpu, or cuda (cuda:0; KILN_CUDA_EMULATOR=1 emulates one on the host)")
@@ -473,15 +474,12 @@ int main(int argc, char** argv) {
   app.add_option("--data", data_dir, "folder with the Fashion-MNIST IDX files");
   app.add_flag("--data-parallel", data_parallel,
                "train on every process mpirun starts, each on its shard; --batch is per process");
-  app.add_option("--accumulate", accumulate, "micro-batches per step (gradient accumulation)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--pipeline", pipeline, "cut the MLP into this many pipeline stages, one per process (mpirun -np N)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--micro-batches", micro_batches, "micro-batches per batch under --pipeline")->check(CLI::PositiveNumber);
+  cli.at_least("--accumulate", accumulate, 1, "micro-batches per step (gradient accumulation)");
+  cli.at_least("--pipeline", pipeline, 1, "cut the MLP into this many pipeline stages, one per process (mpirun -np N)");
+  cli.at_least("--micro-batches", micro_batches, 1, "micro-batches per batch under --pipeline");
   app.add_option("--schedule", pipeline_schedule, "pipeline order: 1f1b or gpipe")->check(CLI::IsMember({"1f1b", "gpipe"}));
-  app.add_option("--tensor-parallel", tensor_parallel,
-                 "split the MLP's two large layers over this many processes (mpirun -np N)")
-      ->check(CLI::PositiveNumber);
+  cli.at_least("--tensor-parallel", tensor_parallel, 1,
+               "split the MLP's two large layers over this many processes (mpirun -np N)");
   app.add_option("--quantize", quantize,
                  "after training, compare the model in float32 and with every Linear quantized: 8 (int8) or 4 "
                  "(weight-only int4, groups of 32): accuracy, bytes, speed")
@@ -494,7 +492,7 @@ int main(int argc, char** argv) {
                  "write steps 3 to 5 as a Chrome trace (one file per process under mpirun: FILE.rankN.json)");
   app.add_option("--memory-report", memory_report,
                  "write the training step's memory into this folder: report.txt, trace.json, arena.svg, timeline.svg");
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> exit_code = cli.parse(argc, argv)) return *exit_code;
 
   if (device == "cuda" && !kiln::cuda::available()) {
     fmt::print(stderr, "error: --device cuda, but no CUDA device is usable: {}\n(KILN_CUDA_EMULATOR=1 runs the "
@@ -502,6 +500,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
+    // Before any data is read or step run: a --save that cannot be written fails now, not at the
+    // end. (Under --pipeline and --tensor-parallel each rank writes files tagged with its rank
+    // beside it; the first rank's names stand for them.)
+    if (!save_path.empty()) {
+      const std::string model_path = pipeline > 0          ? suffixed(save_path, "stage0")
+                                     : tensor_parallel > 0 ? suffixed(save_path, "tp0")
+                                                           : save_path;
+      kiln::samples::check_writable("--save", {model_path, pipeline > 0 ? "" : optimizer_path(model_path)});
+    }
     if (data_parallel || pipeline > 0 || tensor_parallel > 0) kiln::distributed::init();
     if (tensor_parallel > 0) {
       KILN_CHECK(tensor_parallel == kiln::distributed::world_size(), "train_mnist",

@@ -4,14 +4,23 @@
 # find_package(kiln), with oneDNN's and CUDA's headers replaced by #error stubs, and runs it.
 # Fails if a private header was installed, if a public header includes a library's header, or
 # if the installed kilnConfig.cmake does not bring the static library's link dependencies.
+# With "build-tree" as the fourth argument (ctest: install.build_tree) it builds the same program
+# against the build tree itself (-Dkiln_DIR=<build-dir>, nothing installed).
 #
-#   tests/install/run.sh <kiln-build-dir> <scratch-dir> <c++-compiler>
+#   tests/install/run.sh <kiln-build-dir> <scratch-dir> <c++-compiler> [install|build-tree]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-build=$1 work=$2 cxx=$3
+build=$1 work=$2 cxx=$3 mode=${4:-install}
 
 rm -rf "$work"
 mkdir -p "$work"
+if [ "$mode" = build-tree ]; then
+  cmake -S "$here" -B "$work/build" -Dkiln_DIR="$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF >/dev/null
+  cmake --build "$work/build" -j2
+  "$work/build/train_tiny"
+  exit 0
+fi
 prefix=$work/prefix
 cmake --install "$build" --prefix "$prefix" >/dev/null
 

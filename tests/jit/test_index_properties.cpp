@@ -128,6 +128,37 @@ TEST_CASE("div and mod simplification keeps the value of random expressions", "[
   CHECK(checked == 3000);
 }
 
+TEST_CASE("div and mod of c1*x + c2*y + k keep their value at the edges of every rule", "[jit][index][property]") {
+  // A sweep rather than random draws: each rule of div and mod tests a bound of a remainder
+  // (0 <= r < d, or < a factor of d), and an off-by-one there fails only where the remainder
+  // reaches that bound exactly, e.g. (2*x + y)/4 with y < 3 is not x/2 at x = 1, y = 2.
+  int64_t checked = 0;
+  for (int64_t c1 = 1; c1 <= 6; ++c1)
+    for (int64_t c2 : {1, 2, 3})
+      for (int64_t ex = 1; ex <= 6; ++ex)
+        for (int64_t ey = 1; ey <= 7; ++ey)
+          for (int64_t k = 0; k <= 3; ++k)
+            for (int64_t d = 2; d <= 9; ++d) {
+              IndexContext ctx;
+              IndexExpr a = ctx.add(ctx.add(ctx.scale(ctx.var("x", ex), c1), ctx.scale(ctx.var("y", ey), c2)),
+                                    ctx.constant(k));
+              IndexExpr q = ctx.div(a, d), r = ctx.mod(a, d);
+              for (int64_t x = 0; x < ex; ++x)
+                for (int64_t y = 0; y < ey; ++y) {
+                  const int64_t value = c1 * x + c2 * y + k;
+                  const std::vector<std::pair<std::string, int64_t>> at = {{"x", x}, {"y", y}};
+                  if (ctx.evaluate(q, at) == value / d && ctx.evaluate(r, at) == value % d) continue;
+                  INFO("(" << c1 << "*x + " << c2 << "*y + " << k << ") with x < " << ex << ", y < " << ey << ", d = " << d
+                           << " at x = " << x << ", y = " << y << ": /d is " << ctx.render(q) << ", %d is "
+                           << ctx.render(r));
+                  REQUIRE(ctx.evaluate(q, at) == value / d);
+                  REQUIRE(ctx.evaluate(r, at) == value % d);
+                }
+              ++checked;
+            }
+  CHECK(checked == 6 * 3 * 6 * 7 * 4 * 8);
+}
+
 namespace {
 
 // A tensor as plain values in row-major order, and the views applied to it element by element.

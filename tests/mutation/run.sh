@@ -76,6 +76,13 @@ trap restore EXIT
 
 rebuild() { cmake --build "$build" --target kiln_tests -j "$jobs" > "$1" 2>&1; }
 
+# Whether the build in log $1 compiled something after the change to $2; if not (make judged
+# the objects newer: file times within one clock tick), touches $2 and builds again.
+compiled() {
+  grep -q 'Building CXX' "$1" && return 0
+  sleep 1 && touch "$2" && rebuild "$1.again" && grep -q 'Building CXX' "$1.again"
+}
+
 selected=("$@")
 killed=0 survived=0 invalid=0
 results=$out/results.tsv
@@ -93,7 +100,7 @@ while IFS=$'\t' read -r name file from to tests env; do
   log=$out/$name.log
   if ! substitute "$target" "$from" "$to" 2> "$log"; then
     result=invalid
-  elif ! rebuild "$log.build"; then
+  elif ! rebuild "$log.build" || ! compiled "$log.build" "$target"; then
     result=invalid  # a mutant that does not compile says nothing about the tests
   else
     # shellcheck disable=SC2086  # env is a list of VAR=value words

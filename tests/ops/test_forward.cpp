@@ -457,11 +457,12 @@ TEST_CASE("gather, scatter_add, index_select and one_hot", "[forward][index]") {
 
 TEST_CASE("matmul of padded, stepped and transposed operands against a reference loop", "[forward][matmul][view]") {
   // Views of realized buffers: a transpose or a stepped slice reaches the library as strides, a
-  // pad (whose zeros no stride expresses) must be stored first. Whole numbers: exact in float64.
+  // pad (whose zeros no stride expresses) must be stored first. Float32 (float64 products are
+  // reductions, not library calls); whole numbers keep every sum exact.
   std::vector<double> xv(12), yv(40);
   for (int i = 0; i < 12; ++i) xv[i] = i % 5 - 2;
   for (int i = 0; i < 40; ++i) yv[i] = i % 7 - 3;
-  Tensor x = kiln::from_doubles(xv, {3, 4}, DType::Float64), y = kiln::from_doubles(yv, {5, 8}, DType::Float64);
+  Tensor x = kiln::from_doubles(xv, {3, 4}, DType::Float32), y = kiln::from_doubles(yv, {5, 8}, DType::Float32);
   Tensor a = kiln::pad(x, {{1, 0}, {0, 2}});                    // (4, 6): a[i][k] = x[i-1][k] or 0
   Tensor b = kiln::transpose(y.slice(1, 0, 8, 2), 0, 1).slice(0, 0, 4).slice(1, 0, 5);  // (4, 5)
   Tensor bp = kiln::pad(b, {{0, 2}, {0, 0}});                  // (6, 5): b padded below

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 
 #include <fmt/format.h>
 
@@ -15,6 +16,25 @@
 
 namespace kiln::jit {
 namespace fs = std::filesystem;
+
+namespace {
+std::atomic<int> g_full_disk{0};  // SimulateFullCacheDisk guards alive
+}  // namespace
+
+SimulateFullCacheDisk::SimulateFullCacheDisk() { g_full_disk++; }
+SimulateFullCacheDisk::~SimulateFullCacheDisk() { g_full_disk--; }
+
+void note_cache_unwritable(const std::string& why) {
+  static std::once_flag warned;
+  std::call_once(warned, [&] {
+    fmt::print(stderr,
+               "[kiln] warning: the kernel cache cannot be written ({}); compiling into a temporary directory, "
+               "kernels are kept in memory for this process only. Free space or set KILN_CACHE_DIR to a writable "
+               "directory.\n",
+               why);
+  });
+  stats().cache_write_failures++;
+}
 
 std::string temporary_name(const std::string& key, const char* suffix) {
   static std::atomic<uint64_t> counter{0};
@@ -55,6 +75,7 @@ void write_file_atomically(const std::string& path, const std::string& contents)
   const fs::path target(path);
   const fs::path temporary =
       target.parent_path() / temporary_name(target.stem().string(), (".tmp" + target.extension().string()).c_str());
+  KILN_CHECK(g_full_disk == 0, "jit", "cannot write {}: No space left on device (simulated)", temporary.string());
   write_file(temporary.string(), contents);
   std::error_code error;
   fs::rename(temporary, target, error);

@@ -24,6 +24,9 @@ struct JitStats {
   int64_t modules_compiled = 0;
   int64_t disk_cache_hits = 0;
   int64_t memory_cache_hits = 0;
+  // Modules built in a temporary directory because the cache directory could not be written
+  // (full disk, read-only): they live in memory for this process only.
+  int64_t cache_write_failures = 0;
   int64_t plan_cache_hits = 0;
   int64_t plans_built = 0;
   double compile_seconds = 0;

@@ -4,11 +4,13 @@
 #include <algorithm>
 
 #include <bit>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "core/autograd.h"
@@ -28,6 +30,51 @@ struct DTypeTag {
 constexpr DTypeTag kTags[] = {{DType::Float32, "F32"}, {DType::Float64, "F64"}, {DType::Float16, "F16"},
                               {DType::BFloat16, "BF16"}, {DType::Int64, "I64"}, {DType::Int32, "I32"},
                               {DType::Int8, "I8"},       {DType::UInt8, "U8"},  {DType::Bool, "BOOL"}};
+
+// Writes `pieces` to `path` so that a crash at any moment (kill -9, power loss) leaves either the
+// previous file or the whole new one: a temporary name in the same directory, fsync'ed before it
+// is renamed over `path`, then the directory fsync'ed so that the rename itself is on disk.
+void write_replacing(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  KILN_CHECK(fd >= 0, "save", "cannot write '{}': {}", tmp, std::strerror(errno));
+  auto fail = [&](const char* what) {
+    const int error = errno;
+    ::close(fd);
+    std::remove(tmp.c_str());
+    KILN_FAIL("save", "{} '{}' failed: {}", what, tmp, std::strerror(error));
+  };
+  for (auto [data, bytes] : pieces) {
+    const char* at = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t written = ::write(fd, at, bytes);
+      if (written < 0 && errno == EINTR) continue;
+      if (written <= 0) fail("writing");
+      at += written;
+      bytes -= static_cast<size_t>(written);
+    }
+  }
+  if (::fsync(fd) != 0) fail("flushing");
+  if (::close(fd) != 0) {
+    const int error = errno;
+    std::remove(tmp.c_str());
+    KILN_FAIL("save", "closing '{}' failed: {}", tmp, std::strerror(error));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    KILN_FAIL("save", "cannot rename '{}' to '{}': {}", tmp, path, ec.message());
+  }
+  // Without this a power loss may forget the rename (the data is safe either way). Some file
+  // systems cannot fsync a directory; the file is already whole then, so that is no error.
+  std::string directory = std::filesystem::path(path).parent_path().string();
+  if (directory.empty()) directory = ".";
+  if (const int dir = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
 
 // Builds a realized tensor of `dtype` from raw little-endian bytes, bit-exactly.
 Tensor tensor_from_bytes(const char* bytes, DType dtype, const Shape& shape) {
@@ -178,27 +225,10 @@ void save_tensors(const TensorMap& tensors, const std::string& path, const Metad
   text.append((8 - text.size() % 8) % 8, ' ');
   uint64_t header_len = text.size();
 
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    KILN_CHECK(out.good(), "save", "cannot write '{}'", tmp);
-    out.write(reinterpret_cast<const char*>(&header_len), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const Tensor& t : host)
-      if (t.numel() > 0)
-        out.write(static_cast<const char*>(t.data()), static_cast<std::streamsize>(t.numel() * dtype_size(t.dtype())));
-    out.flush();
-    if (!out.good()) {
-      std::remove(tmp.c_str());
-      KILN_FAIL("save", "writing '{}' failed (disk full?)", tmp);
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    KILN_FAIL("save", "cannot rename '{}' to '{}': {}", tmp, path, ec.message());
-  }
+  std::vector<std::pair<const void*, size_t>> pieces = {{&header_len, 8}, {text.data(), text.size()}};
+  for (const Tensor& t : host)
+    if (t.numel() > 0) pieces.push_back({t.data(), static_cast<size_t>(t.numel()) * dtype_size(t.dtype())});
+  write_replacing(path, pieces);
 }
 
 TensorMap load_tensors(const std::string& path, Metadata* metadata) {

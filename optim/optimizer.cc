@@ -139,14 +139,21 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, cons
   if (!fresh.empty()) sync(fresh);
 
   std::vector<Tensor> outputs;
-  // A step a GradScaler may skip is recorded whole or not at all: an update that fails its
-  // check puts back every parameter, state tensor and count recorded before it.
+  // A step is applied whole or not at all: an update that fails while it is recorded (a skipped
+  // step's check, GradScaler) or a run that fails (out of memory) puts back every parameter,
+  // state tensor and step count as they were before this step.
   struct Recorded {
     std::shared_ptr<Var> var;
-    NodePtr value;
+    NodePtr value;             // while a step that may be skipped is recorded
+    std::weak_ptr<Node> weak;
   };
   std::vector<Recorded> recorded;
   std::vector<std::pair<int64_t*, int64_t>> steps;
+  auto put_back = [&] {
+    for (const Recorded& r : recorded)
+      if (NodePtr old = r.value ? r.value : r.weak.lock()) r.var->set(old);
+    for (auto [step, value] : steps) *step = value;
+  };
   flat = 0;
   try {
     for (size_t g = 0; g < group_count(); ++g) {
@@ -157,11 +164,13 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, cons
         // update from writing over it.
         const Node* before = p.node().get();
         ParamState& state = state_[g][i];
-        if (skip.defined()) {
-          recorded.push_back({TensorAccess::var(p), p.node()});
-          for (const auto& [name, t] : state.tensors) recorded.push_back({TensorAccess::var(t), t.node()});
-          steps.push_back({&state.step, state.step});
-        }
+        // Held only for a step that may be skipped: in eager mode a handle to the old value would
+        // keep the update from writing over it; otherwise the updates read the old values.
+        const bool hold = skip.defined();
+        recorded.push_back({TensorAccess::var(p), hold ? p.node() : nullptr, p.node()});
+        for (const auto& [name, t] : state.tensors)
+          recorded.push_back({TensorAccess::var(t), hold ? t.node() : nullptr, t.node()});
+        steps.push_back({&state.step, state.step});
         state.step++;
         if (skip.defined()) update_unless(skip, g, p, grads[flat], state);
         else update(g, p, grads[flat], state);
@@ -172,11 +181,12 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, cons
       }
     }
   } catch (...) {
-    for (const Recorded& r : recorded) r.var->set(r.value);
-    for (auto [step, value] : steps) *step = value;
+    put_back();
     throw;
   }
-  recorded.clear();  // no old value may outlive the recording: it would block in-place updates
+  // No old value may be held while the step runs: it would keep the executor from updating it in
+  // place. The pending updates read the old values, so those live on until the run succeeds.
+  for (Recorded& r : recorded) r.value.reset();
   // A gradient handle held here would count as a user's pending value that reads the old
   // parameters, and keep the executor from updating them in place.
   grads.clear();
@@ -195,7 +205,14 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, cons
     if (t.defined()) outputs.push_back(t);
   for (const auto& reducer : reducers)
     for (Tensor& t : reducer->realized_with_step()) outputs.push_back(std::move(t));
-  if (!outputs.empty()) sync(outputs);
+  // The executor allocates every buffer of the run before its first kernel, so a run that fails
+  // (out of memory) has written nothing: putting the handles back is the whole undo.
+  try {
+    if (!outputs.empty()) sync(outputs);
+  } catch (...) {
+    put_back();
+    throw;
+  }
   for (const auto& reducer : reducers) reducer->after_step();
 }
 

@@ -4,6 +4,8 @@
 // holding another key's module) is detected before or right after dlopen, deleted and rebuilt.
 // A module split into several translation units is one file per unit (<key>-<unit>.so), compiled
 // by as many compiler processes at once; it is a hit only when every part is there and whole.
+// A cache directory that cannot be written (full disk, read-only) is not an error: the module is
+// compiled in a temporary directory and kept in memory, with one warning per process.
 #include "backends/cpu/compiler.h"
 
 #include <dlfcn.h>
@@ -21,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
@@ -186,8 +189,8 @@ void* open_verified(const fs::path& path, const std::string& key, std::string* p
 
 // The module of `key` in `parts` files from the cache directory, or null: when a part is missing
 // (maybe still being written by another process), or damaged (then every part is deleted).
-std::shared_ptr<CompiledModule> load_from_disk(const std::string& key, size_t parts, int kernel_count) {
-  const fs::path directory = jit::cache_directory();
+std::shared_ptr<CompiledModule> load_from_disk(const fs::path& directory, const std::string& key, size_t parts,
+                                               int kernel_count) {
   std::vector<fs::path> paths;
   std::error_code error;
   for (size_t part = 0; part < parts; ++part) {
@@ -218,14 +221,34 @@ fs::path make_temporary_directory() {
   return pattern;
 }
 
-// Runs the compiler on every part's source at once and loads the results. With the disk cache
-// on, the sources and the shared objects stay in the cache directory; with it off, they go once
-// the module is loaded (the sources stay if compilation fails, so the error can point at them).
+// The cache directory, or nullopt with the reason in `why` when it cannot be created.
+std::optional<fs::path> usable_cache_directory(std::string* why) {
+  try {
+    return fs::path(jit::cache_directory());
+  } catch (const Error& e) {
+    *why = e.what();
+    return std::nullopt;
+  }
+}
+
+// What a compiler says when it cannot write its output: the disk, not the source, is at fault.
+bool output_unwritable(const std::string& compiler_output) {
+  for (const char* message : {"No space left on device", "File too large", "Disk quota exceeded", "Read-only file system"})
+    if (compiler_output.find(message) != std::string::npos) return true;
+  return false;
+}
+
+// Runs the compiler on every part's source at once and loads the results. In the cache directory
+// (`cache` given), the sources and the shared objects stay there; returns null with the reason in
+// `unwritable` when a file cannot be written there, so the caller can build elsewhere. Without
+// `cache`, in a temporary directory that goes once the module is loaded (the sources stay if
+// compilation fails, so the error can point at them).
 std::shared_ptr<CompiledModule> build(const std::vector<std::string>& full_sources, const std::string& key,
-                                      int kernel_count, int function_count) {
+                                      int kernel_count, int function_count, const fs::path* cache,
+                                      std::string* unwritable) {
   const auto start = std::chrono::steady_clock::now();
-  const bool keep_on_disk = flags().disk_cache;
-  const fs::path directory = keep_on_disk ? fs::path(jit::cache_directory()) : make_temporary_directory();
+  const bool keep_on_disk = cache != nullptr;
+  const fs::path directory = keep_on_disk ? *cache : make_temporary_directory();
   const size_t parts = full_sources.size();
 
   struct Part {
@@ -240,8 +263,16 @@ std::shared_ptr<CompiledModule> build(const std::vector<std::string>& full_sourc
     part.source_path = directory / (name + ".cc");
     part.final_path = directory / (name + ".so");
     part.output_path = keep_on_disk ? directory / jit::temporary_name(name, ".tmp.so") : part.final_path;
-    if (keep_on_disk) jit::write_file_atomically(part.source_path.string(), full_sources[i]);
-    else jit::write_file(part.source_path.string(), full_sources[i]);
+    if (keep_on_disk) {
+      try {
+        jit::write_file_atomically(part.source_path.string(), full_sources[i]);
+      } catch (const Error& e) {
+        *unwritable = e.what();
+        return nullptr;
+      }
+    } else {
+      jit::write_file(part.source_path.string(), full_sources[i]);
+    }
     part.command = fmt::format("{} {} -o {} {}", shell_quote(kCompilerPath), kCompileFlags,
                                shell_quote(part.output_path.string()), shell_quote(part.source_path.string()));
   }
@@ -253,6 +284,11 @@ std::shared_ptr<CompiledModule> build(const std::vector<std::string>& full_sourc
   for (size_t i = 0; i < parts; ++i) {
     if (results[i].exit_code == 0 && fs::exists(built[i].output_path, error)) continue;
     for (const Part& part : built) fs::remove(part.output_path, error);
+    if (keep_on_disk && output_unwritable(results[i].output)) {
+      *unwritable = fmt::format("the compiler cannot write {}: {}", built[i].output_path.string(),
+                                first_lines(results[i].output, 3));
+      return nullptr;
+    }
     KILN_FAIL("jit", "the host compiler failed on a module of {} kernel(s) (exit code {}); source saved at {}\n{}command: {}",
               kernel_count, results[i].exit_code, built[i].source_path.string(),
               first_lines(results[i].output, kMaxErrorLines), built[i].command);
@@ -260,8 +296,10 @@ std::shared_ptr<CompiledModule> build(const std::vector<std::string>& full_sourc
   if (keep_on_disk) {
     for (const Part& part : built) {
       fs::rename(part.output_path, part.final_path, error);
-      if (error) fs::remove(part.output_path, error);
-      KILN_CHECK(!error, "jit", "cannot move the compiled module into {}: {}", part.final_path.string(), error.message());
+      if (!error) continue;
+      *unwritable = fmt::format("cannot move the compiled module into {}: {}", part.final_path.string(), error.message());
+      for (const Part& other : built) fs::remove(other.output_path, error);
+      return nullptr;
     }
   }
 
@@ -342,9 +380,18 @@ std::shared_ptr<CompiledModule> compile_cached(const std::vector<std::string>& u
     if (flags().log >= 3) fmt::print(stderr, "[kiln] source of module {} (unit {}):\n{}\n", key, part, full_sources.back());
   }
 
+  // A cache directory that cannot be written (full disk, read-only, not creatable) costs the disk
+  // cache, not the compile: the module is built in a temporary directory and kept in memory.
   std::shared_ptr<CompiledModule> module;
-  if (flags().disk_cache) module = load_from_disk(key, units.size(), kernel_count);
-  if (module == nullptr) module = build(full_sources, key, kernel_count, function_count);
+  std::string unwritable;
+  if (flags().disk_cache) {
+    if (std::optional<fs::path> directory = usable_cache_directory(&unwritable)) {
+      module = load_from_disk(*directory, key, units.size(), kernel_count);
+      if (module == nullptr) module = build(full_sources, key, kernel_count, function_count, &*directory, &unwritable);
+    }
+    if (module == nullptr) jit::note_cache_unwritable(unwritable);
+  }
+  if (module == nullptr) module = build(full_sources, key, kernel_count, function_count, nullptr, nullptr);
   cache.modules[key] = module;
   return module;
 }

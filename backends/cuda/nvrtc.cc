@@ -1,6 +1,7 @@
 // Compiles generated CUDA C++ to cubins with NVRTC and caches them in memory and on disk. Disk
 // entries (<key>.cubin, with the source as <key>.cu) are written atomically (backends/cpu/compiler.h); an
-// entry that is not a whole CUDA ELF file is deleted and rebuilt.
+// entry that is not a whole CUDA ELF file is deleted and rebuilt. A cache that cannot be written
+// only costs the disk copy: the cubin stays in memory.
 #include "backends/cuda/nvrtc.h"
 
 #include <chrono>
@@ -163,11 +164,20 @@ std::shared_ptr<const Cubin> compile_cuda_cached(const std::string& source, cons
   auto cubin = std::make_shared<Cubin>();
   cubin->key = key;
   cubin->arch = arch;
-  const fs::path directory = jit::cache_directory();
+  // A cache directory that cannot be created or written (full disk, read-only) costs the disk
+  // cache only: the cubin is kept in memory (jit::note_cache_unwritable says so once).
+  std::string unwritable;
+  fs::path directory;
+  try {
+    directory = jit::cache_directory();
+  } catch (const Error& e) {
+    unwritable = e.what();
+  }
+  const bool usable = unwritable.empty();
   const fs::path cubin_path = directory / (key + ".cubin");
-  const fs::path source_path = directory / (key + ".cu");
+  fs::path source_path = directory / (key + ".cu");
   std::error_code error;
-  if (flags().disk_cache && fs::exists(cubin_path, error)) {
+  if (flags().disk_cache && usable && fs::exists(cubin_path, error)) {
     std::string image = read_file(cubin_path);
     const std::string problem = cubin_problem(image);
     if (problem.empty()) {
@@ -184,14 +194,28 @@ std::shared_ptr<const Cubin> compile_cuda_cached(const std::string& source, cons
     const auto start = std::chrono::steady_clock::now();
     if (flags().log >= 3) fmt::print(stderr, "[kiln] CUDA source of module {}:\n{}\n", key, source);
     // The source goes to the cache directory first, so an error message can point at it.
-    jit::write_file_atomically(source_path.string(), source);
+    bool source_saved = false;
+    if (usable) {
+      try {
+        jit::write_file_atomically(source_path.string(), source);
+        source_saved = true;
+      } catch (const Error& e) {
+        unwritable = e.what();
+      }
+    }
+    if (!source_saved) source_path = key + ".cu (not saved: the cache directory cannot be written)";
     cubin->image = compile(source, arch, source_path, function_count);
-    if (flags().disk_cache) {
-      jit::write_file_atomically(cubin_path.string(), cubin->image);
-      cubin->path = cubin_path.string();
-    } else {
+    if (flags().disk_cache && source_saved) {
+      try {
+        jit::write_file_atomically(cubin_path.string(), cubin->image);
+        cubin->path = cubin_path.string();
+      } catch (const Error& e) {
+        unwritable = e.what();
+      }
+    } else if (source_saved) {
       fs::remove(source_path, error);
     }
+    if (flags().disk_cache && !unwritable.empty()) jit::note_cache_unwritable(unwritable);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (flags().log >= 1)
       fmt::print(stderr, "[kiln] NVRTC compiled {} CUDA functions for {} in {:.2f} s (key {})\n", function_count, arch,

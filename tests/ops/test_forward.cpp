@@ -455,6 +455,35 @@ TEST_CASE("gather, scatter_add, index_select and one_hot", "[forward][index]") {
   CHECK(oh2.to_vector<int64_t>() == std::vector<int64_t>{0, 1, 0, 1, 0, 0, 0, 0, 1, 0, 0, 1});
 }
 
+TEST_CASE("matmul of padded, stepped and transposed operands against a reference loop", "[forward][matmul][view]") {
+  // Views of realized buffers: a transpose or a stepped slice reaches the library as strides, a
+  // pad (whose zeros no stride expresses) must be stored first. Float32 (float64 products are
+  // reductions, not library calls); whole numbers keep every sum exact.
+  std::vector<double> xv(12), yv(40);
+  for (int i = 0; i < 12; ++i) xv[i] = i % 5 - 2;
+  for (int i = 0; i < 40; ++i) yv[i] = i % 7 - 3;
+  Tensor x = kiln::from_doubles(xv, {3, 4}, DType::Float32), y = kiln::from_doubles(yv, {5, 8}, DType::Float32);
+  Tensor a = kiln::pad(x, {{1, 0}, {0, 2}});                    // (4, 6): a[i][k] = x[i-1][k] or 0
+  Tensor b = kiln::transpose(y.slice(1, 0, 8, 2), 0, 1).slice(0, 0, 4).slice(1, 0, 5);  // (4, 5)
+  Tensor bp = kiln::pad(b, {{0, 2}, {0, 0}});                  // (6, 5): b padded below
+  auto a_at = [&](int i, int k) { return i >= 1 && k < 4 ? xv[(i - 1) * 4 + k] : 0.0; };
+  auto b_at = [&](int k, int j) { return k < 4 ? yv[j * 8 + 2 * k] : 0.0; };
+  std::vector<double> want;
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 5; ++j) {
+      double s = 0;
+      for (int k = 0; k < 6; ++k) s += a_at(i, k) * b_at(k, j);
+      want.push_back(s);
+    }
+  CHECK(kiln::matmul(a, bp).to_doubles() == want);
+  // The same products with the padded operand on the other side.
+  Tensor t = kiln::matmul(kiln::transpose(bp, 0, 1), kiln::transpose(a, 0, 1));  // (5, 4) = (a bp)^T
+  std::vector<double> got = t.to_doubles(), want_t;
+  for (int j = 0; j < 5; ++j)
+    for (int i = 0; i < 4; ++i) want_t.push_back(want[i * 5 + j]);
+  CHECK(got == want_t);
+}
+
 TEST_CASE("float32 matmul against a reference loop", "[forward][matmul]") {
   // out[b][i][j] = sum_k a[b][i][k] * b[b][k][j], with batch broadcasting done by the caller.
   auto reference = [](const std::vector<double>& a, const std::vector<double>& b, int64_t batch, int64_t a_batch,

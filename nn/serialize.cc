@@ -6,6 +6,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstdio>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -34,7 +35,25 @@ constexpr DTypeTag kTags[] = {{DType::Float32, "F32"}, {DType::Float64, "F64"}, 
 // Writes `pieces` to `path` so that a crash at any moment (kill -9, power loss) leaves either the
 // previous file or the whole new one: a temporary name in the same directory, fsync'ed before it
 // is renamed over `path`, then the directory fsync'ed so that the rename itself is on disk.
+// Temporaries of `path` left by saving processes that were killed (their pid is gone): removed, so
+// that crashes do not pile up copies of a checkpoint beside it.
+void remove_stale_temporaries(const std::string& path) {
+  const std::filesystem::path p(path);
+  const std::string prefix = p.filename().string() + ".tmp.";
+  std::error_code ec;
+  const std::filesystem::path dir = p.parent_path().empty() ? std::filesystem::path(".") : p.parent_path();
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(name.c_str() + prefix.size(), &end, 10);
+    if (pid <= 0 || *end != '\0' || pid == ::getpid()) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) std::filesystem::remove(entry.path(), ec);
+  }
+}
+
 void write_replacing(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces) {
+  remove_stale_temporaries(path);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   KILN_CHECK(fd >= 0, "save", "cannot write '{}': {}", tmp, std::strerror(errno));

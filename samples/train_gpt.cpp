@@ -387,7 +387,7 @@ int main(int argc, char** argv) {
     std::string sample;
     for (size_t i = 1; i < out.size(); ++i) sample.push_back(corpus.vocab[static_cast<size_t>(out[i])]);
     fmt::print("--- sample (temperature 0.8) ---\n{}\n---\n", sample);
-  } catch (const kiln::Error& e) {
+  } catch (const std::exception& e) {  // kiln::Error, and the standard library's (std::bad_alloc): never terminate
     std::cerr << e.what() << "\n";
     return 1;
   }

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <thread>
 
@@ -113,6 +114,14 @@ TEST_CASE("kill -9 during nn::save leaves the previous checkpoint or the new one
   }
   // Whatever the rounds saw, the last file still loads into the model.
   CHECK_NOTHROW(nn::load(net, path));
+  // The next save removes what the killed savers left beside it.
+  const std::string stale = path + ".tmp.999999999";  // above any pid_max: no such process
+  std::ofstream(stale) << "partial";
+  nn::save(net, path);
+  size_t left = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path()))
+    if (entry.path().filename().string().rfind(std::filesystem::path(path).filename().string() + ".tmp", 0) == 0) ++left;
+  CHECK(left == 0);
   INFO("versions found after each kill: " << fmt::format("{}", fmt::join(versions, ", ")));
   remove_with_temporaries(path);
 }

@@ -279,7 +279,6 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
   const int n_cuts = static_cast<int>(cuts.size());
   const int max_k = std::min(n_costly + 1, 2 * static_cast<int>(std::ceil(std::sqrt(std::max(n_costly, 1)))) + 4);
   RecomputeChoice best{{}, {}, unconstrained_arena, {}, {}};
-  std::string best_policy;
   // Weighs dropping the cheap values and the costly ones `keep` does not keep, copies starting
   // from `checkpoints`.
   auto weigh = [&](const std::function<bool(int)>& keep, std::vector<int> checkpoints, const std::string& policy) {
@@ -301,12 +300,11 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
     const bool fits = choice.arena_bytes <= budget;
     if (fits || choice.arena_bytes < best.arena_bytes) {
       best = std::move(choice);
-      best_policy = policy;
-      best.policy = policy.empty() ? "the values elementwise work gives back" : policy;
+      best.policy = policy;
     }
     return fits;
   };
-  if (weigh([](int) { return true; }, {}, "")) return best;
+  if (weigh([](int) { return true; }, {}, "recomputing the values elementwise work gives back")) return best;
   // Tier 2 begins with the stretches between consecutive checkpoints (all kept) whose saved bytes
   // cost the fewest FLOPs to recompute: the smallest number of them that fits (binary search;
   // the arena falls as stretches are added), then all of them with every k-th checkpoint kept.
@@ -329,7 +327,7 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
     std::fill(in_dropped_stretch.begin(), in_dropped_stretch.end(), 0);
     for (int i = 0; i < m; ++i) in_dropped_stretch[by_worth[i]] = 1;
     return weigh([&](int j) { return cut[costly[j]] || !in_dropped_stretch[stretch_of(costly[j])]; }, cuts,
-                 fmt::format("{} of {} checkpoints, recomputing {} of {} stretches between them", n_cuts, n_cuts, m,
+                 fmt::format("keeping {} of {} checkpoints, recomputing {} of {} stretches between them", n_cuts, n_cuts, m,
                              by_worth.size()));
   };
   const int n_worth = static_cast<int>(by_worth.size());
@@ -352,11 +350,11 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
         is_checkpoint[cuts[c]] = 1;
       }
     if (weigh([&](int j) { return is_checkpoint[costly[j]] != 0; }, std::move(checkpoints),
-              fmt::format("every {} of {} checkpoints", k, n_cuts)))
+              fmt::format("keeping every {} of {} checkpoints", k, n_cuts)))
       return best;
   }
   for (int k = 2; k <= max_k; ++k)
-    if (weigh([k](int j) { return j % k == k - 1; }, {}, fmt::format("every {} in forward order", k))) return best;
+    if (weigh([k](int j) { return j % k == k - 1; }, {}, fmt::format("keeping every {} in forward order", k))) return best;
   best.missed = fmt::format(
       "KILN_MEMORY_BUDGET={} allows a {} arena but this plan needs {}; recomputing forward activations "
       "(the {} elementwise work gives back, and of the other {} saved for the backward all but every k-th of {} "
@@ -364,7 +362,7 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
       "make the batch smaller, or mark segments by hand with kiln::checkpoint",
       budget_text, format_bytes(budget), format_bytes(unconstrained_arena), cheap.size(), n_costly, n_cuts,
       max_k_cuts, max_k,
-      format_bytes(best.arena_bytes), best_policy.empty() ? "" : fmt::format(" (keeping {})", best_policy));
+      format_bytes(best.arena_bytes), best.policy.empty() ? "" : fmt::format(" ({})", best.policy));
   return best;
 }
 

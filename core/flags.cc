@@ -74,6 +74,8 @@ void validate(const Flags& f) {
     bad_value("quantize_bits", std::to_string(f.quantize_bits), "8 or 4");
   if (!f.compress_activations.empty() && f.compress_activations != "int8")
     bad_value("compress_activations", f.compress_activations, "int8 (or unset)");
+  if (f.offload != "auto" && f.offload != "off" && f.offload != "all")
+    bad_value("offload", f.offload, "auto (offload what a memory budget needs, on a GPU), off or all");
   if (f.recompute != "cheap" && f.recompute != "elementwise" && f.recompute != "off")
     bad_value("recompute", f.recompute, "cheap, elementwise or off");
   if (!f.memory_limit.empty()) parse_size(f.memory_limit, "memory_limit");

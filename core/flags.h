@@ -32,6 +32,7 @@ enum class AmpMode : uint8_t { None, Float16, BFloat16 };
   X(MemoryPool, memory_pool, MemoryPool::Pool, "none|pool: caching allocator or plain malloc")     \
   X(std::string, memory_budget, "", "plan memory budget: a size (512MiB) or a fraction (0.5)")     \
   X(bool, memory_budget_strict, false, "a budget no recomputation meets is an Error (default: warn, run at the smallest arena found)") \
+  X(std::string, offload, "auto", "auto|off|all: saved activations copied to host memory between forward and backward on a GPU (jit/offload.h)") \
   X(std::string, recompute, "cheap", "cheap|elementwise|off: activations the backward recomputes by elementwise work") \
   X(std::string, memory_limit, "", "cap on total allocated bytes (e.g. 2GiB); empty = none")       \
   X(bool, debug_memory, false, "fill every freed buffer with NaN to catch use-after-free")         \

@@ -4,10 +4,42 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_runtime.h"
 #include "core/error.h"
+#include "memory/allocator.h"
 
 namespace kiln::jit {
 
 std::vector<int> Backend::row_groups(const std::vector<Kernel>&) const { return {}; }
+
+namespace {
+
+// Copies at once, in order with the kernels: nothing to join.
+class ImmediateTransfers final : public TransferQueue {
+ public:
+  explicit ImmediateTransfers(Device device) : memory_(memory::device_allocator(device)) {}
+  void start(const Kernel& kernel, void* const* ptrs) override {
+    void* dst = ptrs[kernel.buffers[0].slot];
+    const void* src = ptrs[kernel.buffers[1].slot];
+    const auto bytes = static_cast<size_t>(kernel.transfer.bytes);
+    if (kernel.transfer.stage == TransferStage::OffloadStart) memory_.copy_to_host(dst, src, bytes);
+    else memory_.copy_from_host(dst, src, bytes);
+  }
+  void join(const Kernel&) override {}
+
+ private:
+  memory::Allocator& memory_;
+};
+
+}  // namespace
+
+std::unique_ptr<TransferQueue> Backend::transfers(Device device) const {
+  return std::make_unique<ImmediateTransfers>(device);
+}
+
+std::shared_ptr<void> Backend::allocate_host(size_t bytes) const {
+  void* p = memory::host_allocator().allocate(bytes);
+  if (!p) return nullptr;
+  return std::shared_ptr<void>(p, [bytes](void* q) { memory::host_allocator().release(q, bytes); });
+}
 
 LibraryOperands library_operands(const Kernel& k, void* const* ptrs) {
   const DType t = k.buffers[0].dtype;

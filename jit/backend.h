@@ -42,6 +42,17 @@ class CompiledKernels {
                                            const std::vector<int64_t>& int_scalars) const = 0;
 };
 
+// The copies of offloaded activations in one run of a plan (jit/offload.h).
+class TransferQueue {
+ public:
+  virtual ~TransferQueue() = default;
+  // A Transfer start: queues its copy (buffers[1] to buffers[0], by plan slot in `ptrs`) after
+  // the work queued so far; kernels queued later may overlap it.
+  virtual void start(const Kernel& kernel, void* const* ptrs) = 0;
+  // A Transfer join: the work queued from now on waits for its start's copy.
+  virtual void join(const Kernel& kernel) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -60,6 +71,15 @@ class Backend {
   virtual bool runs_matmul_tiles() const { return false; }
   // Waits until the work queued on `device` has finished (a kernel's time, not its launch's).
   virtual void synchronize(Device device) const = 0;
+  // Whether saved activations may be offloaded to host memory (jit/offload.h): a device whose
+  // memory is not the host's. The CPU's is.
+  virtual bool offloads() const { return false; }
+  // One run's queue of offload copies. This one copies at once through the device's allocator
+  // (the emulator, where a copy is a memcpy); a GPU copies on a second stream.
+  virtual std::unique_ptr<TransferQueue> transfers(Device device) const;
+  // Host memory an offloading plan keeps its copies in across runs (pinned on a GPU); null when
+  // none is available.
+  virtual std::shared_ptr<void> allocate_host(size_t bytes) const;
 };
 
 // Where a library kernel (Matmul, Conv) reads and writes, from the plan's buffers `ptrs`: the

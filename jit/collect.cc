@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <queue>
 #include <unordered_map>
 
@@ -192,6 +193,12 @@ std::string structural_key(PendingGraph& g, uint64_t walk) {
   }
   // Flags that change the program lowered from the same graph.
   put(flags().tiled_updates ? -3 : -4);
+  // Offload (jit/offload.h) changes a device plan: its mode, and under auto the budget it meets.
+  if (!g.nodes.empty() && g.nodes.front()->device.is_cuda()) {
+    const std::string& mode = flags().offload;
+    put(mode == "off" ? -5 : mode == "all" ? -6 : -7);
+    if (mode == "auto") put(static_cast<int64_t>(std::hash<std::string>{}(flags().memory_budget)));
+  }
   key.resize(used);
   return key;
 }

@@ -157,6 +157,12 @@ class InFlight {
   std::vector<Pending> pending_;
 };
 
+// An offloading plan found no host memory for its copies: the executor plans the graph again
+// without offload (recomputing what the budget needs instead).
+struct HostMemoryShort {
+  int64_t bytes;
+};
+
 std::mutex g_mutex;
 // Never destroyed: a CUDA plan's kernels must not be unloaded after the CUDA runtime shut down.
 std::unordered_map<std::string, std::unique_ptr<Plan>>& g_plans = *new std::unordered_map<std::string, std::unique_ptr<Plan>>;
@@ -237,29 +243,37 @@ void note_recomputed(const memory::RecomputeRewrite& rewrite, size_t values, Rec
 struct BudgetChoice {
   std::vector<int> dropped, checkpoints;
   std::string missed;
+  int64_t budget = -1;  // in bytes, for the offload choice of the plan (jit/offload.h)
 };
 std::unordered_map<std::string, BudgetChoice> g_recompute_choices;
 
 // Under KILN_MEMORY_BUDGET: rewires `graph` so that its plan fits (memory/recompute.h) and
-// collects it again. The rewritten graph has a key of its own, so its plan is cached apart.
-void fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& graph, Recomputed& recomputed) {
+// collects it again. The rewritten graph has a key of its own, so its plan is cached apart. On a
+// GPU, offloading saved activations (jit/offload.h) comes first: exact and without extra work;
+// recomputation does what it leaves. Returns the budget in bytes.
+int64_t fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& graph, Recomputed& recomputed) {
   const std::string& budget_text = flags().memory_budget;
   std::string choice_key = graph.key + '\0' + budget_text;
   auto it = g_recompute_choices.find(choice_key);
   if (it == g_recompute_choices.end()) {
+    // The unconstrained arena, which a fraction is of: a cached plan's unless it offloads.
     auto cached = g_plans.find(graph.key);
-    int64_t arena = cached != g_plans.end() ? cached->second->memory.arena_bytes : planned_arena(graph);
+    int64_t arena = cached != g_plans.end() && cached->second->info->offloaded_values == 0
+                        ? cached->second->memory.arena_bytes
+                        : planned_arena(graph);
     int64_t budget = memory::budget_bytes(budget_text, arena);
     memory::RecomputeChoice choice{{}, {}, arena, {}, {}};
     const auto search_start = std::chrono::steady_clock::now();
-    if (arena > budget)
+    const bool offloads = flags().offload != "off" && backend_for(graph.nodes.front()->device).offloads();
+    if (arena > budget && offloads) choice.arena_bytes = planned_arena(graph, budget);  // with what offload does
+    if (choice.arena_bytes > budget)
       choice = memory::choose_recompute(graph.nodes, budget, arena, budget_text,
-                                        [&] { return planned_arena(collect_pending(targets)); });
+                                        [&] { return planned_arena(collect_pending(targets), budget); });
     // A budget nothing meets: run at the smallest arena found, saying so once per graph (the
     // choice is cached), or stop there under KILN_MEMORY_BUDGET_STRICT=1 (checked on every use).
     // Below what one kernel reads and writes at once, no plan could meet it: say so.
     if (!choice.missed.empty())
-      if (auto layout = planned_memory(graph); budget < layout->working_set && layout->working_set_kernel >= 0)
+      if (auto layout = planned_memory(graph, budget); budget < layout->working_set && layout->working_set_kernel >= 0)
         choice.missed += fmt::format(
             ". No plan fits {}: one kernel ({}) alone reads and writes {} of intermediates at once",
             memory::format_bytes(budget), layout->kernels[layout->working_set_kernel],
@@ -272,7 +286,10 @@ void fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& graph,
                  memory::format_bytes(budget), memory::format_bytes(arena), memory::format_bytes(choice.arena_bytes),
                  choice.dropped.size(), choice.policy,
                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - search_start).count());
-    it = g_recompute_choices.emplace(choice_key, BudgetChoice{std::move(choice.dropped), std::move(choice.checkpoints), std::move(choice.missed)}).first;
+    it = g_recompute_choices
+             .emplace(choice_key, BudgetChoice{std::move(choice.dropped), std::move(choice.checkpoints),
+                                               std::move(choice.missed), budget})
+             .first;
   }
   if (!it->second.missed.empty() && flags().memory_budget_strict) {
     const std::string missed = it->second.missed;
@@ -280,10 +297,12 @@ void fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& graph,
     KILN_FAIL("memory_budget", "{}", missed);
   }
   std::vector<int> dropped = it->second.dropped, checkpoints = it->second.checkpoints;
+  const int64_t budget = it->second.budget;
   if (!flags().plan_cache) g_recompute_choices.erase(it);  // decide again next time
-  if (dropped.empty()) return;
+  if (dropped.empty()) return budget;
   note_recomputed(memory::apply_recompute(graph.nodes, dropped, checkpoints), dropped.size(), recomputed);
   graph = collect_pending(targets);
+  return budget;
 }
 
 // KILN_RECOMPUTE's choices by graph key (made for the mode that is named).
@@ -349,6 +368,14 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
     for (size_t i = 0; i < s.slots.size(); ++i)
       if (plan.offset[i] >= 0) ptrs[i] = static_cast<char*>(arena->data) + plan.offset[i];
   }
+  // Offloaded activations' host copies (jit/offload.h), in memory the plan keeps across runs.
+  if (plan.host_memory.arena_bytes > 0) {
+    if (!plan.host_arena) plan.host_arena = backend.allocate_host(static_cast<size_t>(plan.host_memory.arena_bytes));
+    if (!plan.host_arena) throw HostMemoryShort{plan.host_memory.arena_bytes};
+    for (size_t i = 0; i < s.slots.size(); ++i)
+      if (plan.host_offset[i] >= 0) ptrs[i] = static_cast<char*>(plan.host_arena.get()) + plan.host_offset[i];
+  }
+  std::unique_ptr<TransferQueue> transfers = plan.host_memory.arena_bytes > 0 ? backend.transfers(device) : nullptr;
   const bool poison = flags().debug_memory;
   // Parameter updates in place, where nobody else can see the old value.
   const std::vector<size_t> keepers = plan.updates.empty() ? std::vector<size_t>{} : history_keepers(graph);
@@ -360,7 +387,7 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
   // Every output is allocated before the first kernel runs, so running out of memory never
   // leaves a half-updated state behind.
   for (size_t i = 0; i < s.slots.size(); ++i) {
-    if (s.slots[i].external >= 0 || plan.offset[i] >= 0 || storage[i]) continue;
+    if (s.slots[i].external >= 0 || plan.offset[i] >= 0 || s.slots[i].host || storage[i]) continue;
     storage[i] = memory::allocate_storage(static_cast<size_t>(s.slots[i].numel) * dtype_size(s.slots[i].dtype),
                                           device);
     ptrs[i] = storage[i]->data;
@@ -371,7 +398,7 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
   // kernel that reads (or overwrites) their buffer, and all of them before the run ends.
   InFlight in_flight;
   const bool timed = flags().log >= 2 || memory::tracing();
-  double kernel_us = 0, recompute_us = 0;
+  double kernel_us = 0, recompute_us = 0, offload_wait_us = 0;
   try {
   for (size_t k = 0; k < s.kernels.size(); ++k) {
     const Kernel& kernel = s.kernels[k];
@@ -379,6 +406,7 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
     auto start = std::chrono::steady_clock::now();
     if (!in_flight.empty()) stats().kernels_during_collectives++;
     if (kernel.kind == KernelKind::Collective) in_flight.start(kernel, ptrs.data(), device), stats().collectives_started++;
+    else if (kernel.kind == KernelKind::Transfer) writes_output(kernel) ? transfers->start(kernel, ptrs.data()) : transfers->join(kernel);
     else if (is_library(kernel.kind)) backend.run_library(kernel, ptrs.data(), device);
     else run->launch(k, ptrs.data());
     stats().kernels_run++;
@@ -388,6 +416,7 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
       double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
       kernel_us += us;
       if (kernel.recompute) recompute_us += us;
+      if (kernel.kind == KernelKind::Transfer && !writes_output(kernel)) offload_wait_us += us;
       if (flags().log >= 2) fmt::print(stderr, "[kiln]   {:<10} {:>9.1f} us  {}\n", kernel.name, us, kernel.summary);
       if (memory::tracing())
         memory::record_kernel(trace_event(kernel, kernel.summary, us));
@@ -401,6 +430,7 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
   if (timed) {
     plan.info->kernel_us = kernel_us;
     plan.info->recompute_us = recompute_us;
+    plan.info->offload_wait_us = offload_wait_us;
   }
   } catch (...) {
     in_flight.abandon();  // the other ranks finish their part; nothing here reads the results
@@ -423,16 +453,14 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
   }
 }
 
-}  // namespace
-
-void realize(const std::vector<NodePtr>& targets) {
+void realize_once(const std::vector<NodePtr>& targets) {
   // One plan per device: targets on several devices run as one graph each.
   for (const NodePtr& t : targets)
     if (t && t->device != targets.front()->device) {
       std::vector<NodePtr> here, elsewhere;
       for (const NodePtr& u : targets) (u->device == targets.front()->device ? here : elsewhere).push_back(u);
-      realize(here);
-      return realize(elsewhere);
+      realize_once(here);
+      return realize_once(elsewhere);
     }
   std::lock_guard<std::mutex> lock(g_mutex);
   memory::Compression compression;
@@ -444,7 +472,7 @@ void realize(const std::vector<NodePtr>& targets) {
                "before combining them", shape_str(n->shape), n->device.str(), device.str());
   Recomputed recomputed;
   recompute_cheap_activations(targets, graph, &recomputed);
-  if (!flags().memory_budget.empty()) fit_memory_budget(targets, graph, recomputed);
+  const int64_t budget = flags().memory_budget.empty() ? -1 : fit_memory_budget(targets, graph, recomputed);
   // The key encodes every node's device: the same graph on another device is another plan.
   Plan* plan = nullptr;
   std::unique_ptr<Plan> uncached;
@@ -458,7 +486,7 @@ void realize(const std::vector<NodePtr>& targets) {
     }
   }
   if (!plan) {
-    uncached = make_plan(graph, lower(graph, schedule(graph)), device);
+    uncached = make_plan(graph, lower(graph, schedule(graph)), device, budget);
     uncached->info->compressed_values = compression.values;
     uncached->info->compressed_from = compression.full_bytes;
     uncached->info->compressed_to = compression.kept_bytes;
@@ -482,6 +510,20 @@ void realize(const std::vector<NodePtr>& targets) {
   memory::note_plan_run(plan->info);
   run_plan(*plan, graph);
   if (uncached && flags().plan_cache) g_plans.emplace(graph.key, std::move(uncached));
+}
+
+}  // namespace
+
+void realize(const std::vector<NodePtr>& targets) {
+  try {
+    realize_once(targets);
+  } catch (const HostMemoryShort& short_of) {
+    // Nothing ran: plan again without offload, recomputing what the budget needs instead.
+    fmt::print(stderr, "kiln: warning: no host memory for {} of offloaded activations; KILN_OFFLOAD is off from "
+               "now on (the memory budget recomputes instead)\n", memory::format_bytes(short_of.bytes));
+    flags().offload = "off";
+    realize_once(targets);
+  }
 }
 
 Program lower_for(const std::vector<NodePtr>& targets) {

@@ -21,11 +21,12 @@ enum class KernelKind : uint8_t {
   Collective,   // started by the executor, waited for before its first reader (jit/collective.h)
   QuantizedMatmul,  // oneDNN's int8 matmul (host only)
   Attention,    // fused attention, forward or backward: rendered from a fixed template (AttentionCall)
+  Transfer,     // a copy of an offloaded activation between device and host memory (jit/offload.h)
 };
 
 constexpr bool is_library(KernelKind k) {
   return k == KernelKind::Matmul || k == KernelKind::Conv || k == KernelKind::Collective ||
-         k == KernelKind::QuantizedMatmul;
+         k == KernelKind::QuantizedMatmul || k == KernelKind::Transfer;
 }
 
 // One SSA value of the per-element computation.
@@ -120,6 +121,17 @@ struct CollectiveCall {
   int64_t peer = -1, tag = 0;   // send and recv
 };
 
+// One step of an offloaded activation's round trip (jit/offload.h). A start queues a copy on the
+// device's copy queue, after the kernels before it, and later kernels overlap it; its join makes
+// the kernels after it wait for the copy. Start: buffers[0] is written (the pinned host copy, or
+// the device copy fetched back) from buffers[1]. Join: buffers[0] is the copy's source or
+// destination, held live until here; nothing is written.
+enum class TransferStage : uint8_t { OffloadStart, OffloadJoin, FetchStart, FetchJoin };
+struct TransferCall {
+  TransferStage stage = TransferStage::OffloadStart;
+  int id = -1;        // the activation's number in its plan: a start and its join share it
+  int64_t bytes = 0;
+};
 // A further output of an elementwise kernel: value `value` stored into buffer `buffer` (marked
 // written) at the kernel's store index.
 struct SideStore {
@@ -159,10 +171,18 @@ struct Kernel {
   ConvCall conv;
   CollectiveCall collective;
   AttentionCall attention;
+  TransferCall transfer;
   std::string summary;                // one line for KILN_LOG, e.g. "Exp Mul Add [1024, 1024]"
   uint32_t label = 0;                 // the trace label of the node it writes (core/trace_label.h)
   bool recompute = false;             // it writes a copy recomputed for the backward (memory/recompute.h)
+  bool backward = false;              // recorded by a gradient rule, or a recomputation for the backward
 };
+
+// Whether buffers[0] is written: every kernel but a transfer's join.
+inline bool writes_output(const Kernel& k) {
+  return k.kind != KernelKind::Transfer ||
+         k.transfer.stage == TransferStage::OffloadStart || k.transfer.stage == TransferStage::FetchStart;
+}
 
 // Whether the kernel checks an index it reads (gather) or writes (scatter) and may end a run with
 // an error.

@@ -703,6 +703,7 @@ bool Lowerer::build_kernels() {
     k.name = fmt::format("kiln_k{}", out.kernels.size());
     k.label = node->label;
     k.recompute = node->recompute;
+    k.backward = (node->backward || node->recompute) && !node->saved_copy;
     kernel_of[i] = static_cast<int>(out.kernels.size());
     writer_of_slot[slot] = kernel_of[i];
     kernel_node_.push_back(static_cast<int>(i));

@@ -18,6 +18,7 @@ struct PlanSlot {
   int64_t numel = 0;
   bool output = false;  // attached to its node after the run
   bool keep = false;    // survives the run (an output, or the buffer an alias output shares)
+  bool host = false;    // an offloaded activation's copy in pinned host memory (jit/offload.h)
 };
 
 // An output that is a reshape of a materialized node shares that node's buffer: no copy.

@@ -1,11 +1,15 @@
 #include "jit/plan.h"
 
-#include "core/flags.h"
-#include "jit/tile_matmul.h"
-
 #include <algorithm>
 #include <functional>
 #include <string>
+#include <utility>
+
+#include <fmt/core.h>
+
+#include "core/flags.h"
+#include "jit/offload.h"
+#include "jit/tile_matmul.h"
 
 namespace kiln::jit {
 
@@ -83,7 +87,9 @@ std::vector<PackedPlace> pack_collective_inputs(const Plan& plan, const std::vec
 void plan_buffers(Plan& plan) {
   const Program& s = plan.program;
   auto bytes_of = [&](int slot) { return s.slots[slot].numel * static_cast<int64_t>(dtype_size(s.slots[slot].dtype)); };
-  std::function<bool(int)> intermediate = [&](int slot) { return s.slots[slot].external < 0 && !s.slots[slot].keep; };
+  std::function<bool(int)> intermediate = [&](int slot) {
+    return s.slots[slot].external < 0 && !s.slots[slot].keep && !s.slots[slot].host;
+  };
   std::vector<int> writer(s.slots.size(), -1);
   std::vector<char> side_output(s.slots.size(), 0);
   for (size_t k = 0; k < s.kernels.size(); ++k) {
@@ -98,8 +104,8 @@ void plan_buffers(Plan& plan) {
       int& f = first_write[packed[slot].into];
       f = f < 0 ? writer[slot] : std::min(f, writer[slot]);
     }
-  std::vector<memory::BufferRequest> requests;
-  std::vector<int> request_of(s.slots.size(), -1), slot_of_request;
+  std::vector<memory::BufferRequest> requests, host_requests;
+  std::vector<int> request_of(s.slots.size(), -1), slot_of_request, host_slot_of_request;
   for (size_t k = 0; k < s.kernels.size(); ++k) {
     const Kernel& kernel = s.kernels[k];
     const bool grouped = in_row_group(plan, k);
@@ -121,7 +127,13 @@ void plan_buffers(Plan& plan) {
       slot_of_request.push_back(scratch);
       requests.push_back({bytes_of(scratch), first, static_cast<int>(k), -1});
     }
+    if (!writes_output(kernel)) continue;  // a transfer's join
     int out = kernel.buffers[0].slot;
+    if (s.slots[out].host) {  // an offloaded copy: lives in the host arena until its fetch is joined
+      host_slot_of_request.push_back(out);
+      host_requests.push_back({bytes_of(out), first, plan.last_use[out], -1});
+      continue;
+    }
     if (!intermediate(out)) {
       plan.output_bytes += bytes_of(out);
       continue;
@@ -172,6 +184,10 @@ void plan_buffers(Plan& plan) {
   }
   for (size_t slot = 0; slot < s.slots.size(); ++slot)
     if (packed[slot].into >= 0) plan.offset[slot] = plan.offset[packed[slot].into] + packed[slot].at;
+  plan.host_offset.assign(s.slots.size(), -1);
+  plan.host_memory = memory::plan_memory(host_requests);
+  for (size_t i = 0; i < host_requests.size(); ++i) plan.host_offset[host_slot_of_request[i]] = plan.host_memory.offsets[i];
+  plan.info->host_arena_bytes = plan.host_memory.arena_bytes;
 }
 
 // An update `p.assign(f(p, ...))` can write straight into p's buffer when its kernel reads p only
@@ -215,14 +231,58 @@ void note_liveness(Plan& plan) {
   }
 }
 
+// KILN_OFFLOAD (jit/offload.h): rewrites plan.program with the transfers of the saved activations
+// chosen, on a backend whose memory is not the host's. Under auto only to meet `budget` (arena
+// bytes; -1: none): the fewest of the candidates whose copies hide, largest first.
+void offload_activations(Plan& plan, const Backend& backend, int64_t budget) {
+  const std::string& mode = flags().offload;
+  const bool all = mode == "all";
+  if (mode == "off" || (!all && budget < 0)) return;
+  if (!backend.offloads()) {
+    static bool said = false;
+    if (all && !std::exchange(said, true))
+      fmt::print(stderr, "kiln: note: KILN_OFFLOAD=all does nothing on the {} backend: its saved activations are "
+                 "in host memory already\n", backend.name());
+    return;
+  }
+  const std::vector<int> groups = backend.row_groups(plan.program.kernels);
+  std::vector<OffloadCandidate> chosen = offload_candidates(plan.program, groups);
+  if (!all) {
+    chosen.erase(std::remove_if(chosen.begin(), chosen.end(), [](const OffloadCandidate& c) { return !c.hides(); }),
+                 chosen.end());
+    auto arena_with = [&](size_t count) {
+      Plan trial;
+      trial.program = plan.program;
+      insert_offloads(trial.program, {chosen.begin(), chosen.begin() + static_cast<std::ptrdiff_t>(count)}, groups);
+      note_liveness(trial);
+      plan_buffers(trial);
+      return trial.memory.arena_bytes;
+    };
+    if (chosen.empty() || arena_with(0) <= budget) return;
+    // The arena shrinks (nearly always) as more values go: the fewest that fit, else all of them.
+    size_t lo = 1, hi = chosen.size();
+    if (arena_with(hi) <= budget)
+      while (lo < hi) {
+        const size_t mid = (lo + hi) / 2;
+        if (arena_with(mid) <= budget) hi = mid;
+        else lo = mid + 1;
+      }
+    chosen.resize(hi);
+  }
+  insert_offloads(plan.program, chosen, groups);
+  plan.info->offloaded_values = static_cast<int>(chosen.size());
+  for (const OffloadCandidate& c : chosen) plan.info->offloaded_bytes += c.bytes;
+}
+
 }  // namespace
 
-std::unique_ptr<Plan> make_plan(const PendingGraph& graph, Program program, Device device) {
+std::unique_ptr<Plan> make_plan(const PendingGraph& graph, Program program, Device device, int64_t budget) {
   auto plan = std::make_unique<Plan>();
   plan->device = device;
   plan->backend = &backend_for(device);
   plan->program = std::move(program);
   if (flags().tiled_updates && plan->backend->runs_matmul_tiles()) tile_matmuls(plan->program);
+  offload_activations(*plan, *plan->backend, budget);
   note_liveness(*plan);
   plan->group_start = plan->backend->row_groups(plan->program.kernels);
   if (!plan->group_start.empty()) extend_lifetimes_over_groups(*plan);
@@ -232,11 +292,14 @@ std::unique_ptr<Plan> make_plan(const PendingGraph& graph, Program program, Devi
   return plan;
 }
 
-std::shared_ptr<memory::PlanLayout> planned_memory(const PendingGraph& graph) {
+std::shared_ptr<memory::PlanLayout> planned_memory(const PendingGraph& graph, int64_t budget) {
   Plan plan;
   plan.program = lower(graph, schedule(graph));
-  if (flags().tiled_updates && !graph.nodes.empty() && backend_for(graph.nodes.front()->device).runs_matmul_tiles())
-    tile_matmuls(plan.program);
+  if (!graph.nodes.empty()) {
+    const Backend& backend = backend_for(graph.nodes.front()->device);
+    if (flags().tiled_updates && backend.runs_matmul_tiles()) tile_matmuls(plan.program);
+    offload_activations(plan, backend, budget);
+  }
   note_liveness(plan);
   plan_buffers(plan);
   return plan.info;

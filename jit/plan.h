@@ -26,6 +26,11 @@ struct Plan {
   std::vector<int> last_use;    // per slot: last kernel reading or writing it
   std::vector<int64_t> offset;  // per slot: arena offset of an intermediate, -1 otherwise
   memory::MemoryPlan memory;
+  // Offloaded activations' host copies (jit/offload.h): per slot, the offset in the host arena
+  // (-1 for other slots), and the host arena, allocated by the first run and kept for the next.
+  std::vector<int64_t> host_offset;
+  memory::MemoryPlan host_memory;
+  mutable std::shared_ptr<void> host_arena;
   // Per kernel: arena ranges {offset, bytes} whose buffers die there (poisoned under
   // KILN_DEBUG_MEMORY).
   std::vector<std::vector<std::pair<int64_t, int64_t>>> dies_after;
@@ -40,11 +45,15 @@ struct Plan {
 };
 
 // Plans `program` (lowered from `graph`) for `device`; the kernels are not compiled yet.
-std::unique_ptr<Plan> make_plan(const PendingGraph& graph, Program program, Device device);
+// `budget`: the arena bytes KILN_MEMORY_BUDGET allows (-1: none), which KILN_OFFLOAD=auto offloads
+// saved activations to meet (jit/offload.h).
+std::unique_ptr<Plan> make_plan(const PendingGraph& graph, Program program, Device device, int64_t budget = -1);
 
-// The memory of a graph's plan: scheduled, lowered and planned, not compiled (the budget pass
-// weighs several rewrites of one graph).
-std::shared_ptr<memory::PlanLayout> planned_memory(const PendingGraph& graph);
-inline int64_t planned_arena(const PendingGraph& graph) { return planned_memory(graph)->arena_bytes; }
+// The memory of a graph's plan: scheduled, lowered and planned (offloading as make_plan would),
+// not compiled (the budget pass weighs several rewrites of one graph).
+std::shared_ptr<memory::PlanLayout> planned_memory(const PendingGraph& graph, int64_t budget = -1);
+inline int64_t planned_arena(const PendingGraph& graph, int64_t budget = -1) {
+  return planned_memory(graph, budget)->arena_bytes;
+}
 
 }  // namespace kiln::jit

@@ -40,6 +40,12 @@ struct PlanLayout {
   // (KILN_LOG=2 or a trace), the time of its kernels and of those that only make copies.
   int64_t step_flops = 0, recomputed_flops = 0;
   double kernel_us = 0, recompute_us = 0;
+  // Saved activations offloaded to host memory between forward and backward (jit/offload.h):
+  // how many, their bytes, the host arena holding them, and the time of the waits for the
+  // copies in the last run timed.
+  int offloaded_values = 0;
+  int64_t offloaded_bytes = 0, host_arena_bytes = 0;
+  double offload_wait_us = 0;
 };
 
 // Called by the executor when it builds a plan; the most recent plans are kept for reports.

@@ -137,6 +137,14 @@ std::string report() {
                      last->kernel_us / 1e3, 100.0 * last->recompute_us / last->kernel_us);
     fmt::format_to(line, "\n");
   }
+  if (last->offloaded_values > 0) {
+    fmt::format_to(line, "saved activations offloaded to host memory: {} values ({}) in a {} host arena",
+                   last->offloaded_values, format_bytes(last->offloaded_bytes), format_bytes(last->host_arena_bytes));
+    if (last->kernel_us > 0)
+      fmt::format_to(line, "; waits for the copies took {:.2f} ms of the step's {:.2f} ms", last->offload_wait_us / 1e3,
+                     last->kernel_us / 1e3);
+    fmt::format_to(line, "\n");
+  }
   // What is live at the peak, grouped by the kernel summary and size that made it.
   Peak peak = peak_of(*last);
   if (peak.kernel >= 0) {

@@ -168,7 +168,7 @@ std::string optimizer_path(const std::string& path) {
 int main(int argc, char** argv) {
   CLI::App app{"Train a character-level GPT on a text file with kiln"};
   std::string text_path = "/usr/share/common-licenses", device = "cpu", save_path, load_path, csv_path, amp = "none",
-              budget, compress = "none", recompute, memory_report;
+              budget, compress = "none", recompute, offload, memory_report;
   int64_t steps = 600, batch = 32, ctx = 64, layers = 4, heads = 4, dim = 128, eval_every = 100;
   double lr = 3e-3;
   uint64_t seed = 0;
@@ -195,6 +195,9 @@ int main(int argc, char** argv) {
   app.add_option("--amp", amp, "mixed precision: none, bf16 or fp16 (autocast)")->check(CLI::IsMember({"none", "bf16", "fp16"}));
   app.add_flag("--checkpoint", checkpoint, "recompute each block for the backward (nn::checkpoint)");
   app.add_option("--budget", budget, "KILN_MEMORY_BUDGET for the step: a size (64MiB) or a fraction (0.5)");
+  app.add_option("--offload", offload,
+                 "KILN_OFFLOAD on a GPU: auto (what --budget needs, the default), all (every saved activation) or off")
+      ->check(CLI::IsMember({"auto", "all", "off"}));
   app.add_option("--compress-activations", compress, "int8: keep what the backward reads as int8; or none")
       ->check(CLI::IsMember({"int8", "none"}));
   app.add_option("--recompute", recompute,
@@ -224,6 +227,7 @@ int main(int argc, char** argv) {
     kiln::manual_seed(seed);
     if (!budget.empty()) kiln::flags().set("memory_budget", budget);
     if (!recompute.empty()) kiln::flags().set("recompute", recompute);
+    if (!offload.empty()) kiln::flags().set("offload", offload);
     const kiln::Device run_on = device == "cuda" ? kiln::Device::cuda(0) : kiln::Device::cpu();
     const std::string text = read_text(text_path);
     KILN_CHECK(static_cast<int64_t>(text.size()) * 9 / 10 > ctx + 1 && static_cast<int64_t>(text.size()) / 10 > ctx + 1,
@@ -349,6 +353,7 @@ int main(int argc, char** argv) {
                      kiln::memory::format_bytes(plan->arena_bytes));
       schedule.step();
       recorder.after(step);
+      if (step == steps) recorder.finish();  // before validation: the report is the training step's
       if (lead) loss_value = loss.item();  // this rank's
       const bool evaluate = (step % eval_every == 0 || step == steps) && lead;
       if ((step % eval_every == 0 || step == steps) && (lead || pipe)) val = validate();  // all stages of a pipeline

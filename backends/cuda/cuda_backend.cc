@@ -1,6 +1,7 @@
 #include "backends/cuda/cuda_backend.h"
 
 #include <cstring>
+#include <unordered_map>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_kernels.h"
@@ -108,7 +109,49 @@ class DeviceKernels final : public jit::CompiledKernels {
   std::vector<int> error_pair_;  // per kernel: its index-error pair (0 if it cannot fail)
 };
 
+// A GPU's offload copies on its copy stream (cuda::side_copy), each start's events kept until
+// its join.
+class StreamTransfers final : public jit::TransferQueue {
+ public:
+  explicit StreamTransfers(int index) : index_(index) {}
+  void start(const jit::Kernel& kernel, void* const* ptrs) override {
+    auto& [ready, done] = events_[key(kernel)];
+    if (!ready) ready = std::make_unique<Event>(index_, false), done = std::make_unique<Event>(index_, false);
+    side_copy(index_, ptrs[kernel.buffers[0].slot], ptrs[kernel.buffers[1].slot],
+              static_cast<size_t>(kernel.transfer.bytes), *ready, *done);
+  }
+  void join(const jit::Kernel& kernel) override {
+    auto it = events_.find(key(kernel));
+    if (it != events_.end() && it->second.second) wait_for(index_, *it->second.second);
+  }
+
+ private:
+  // A value's offload and its fetch are two copies: a join waits for the start of its own stage.
+  static int key(const jit::Kernel& k) {
+    const bool fetch = k.transfer.stage == jit::TransferStage::FetchStart || k.transfer.stage == jit::TransferStage::FetchJoin;
+    return 2 * k.transfer.id + (fetch ? 1 : 0);
+  }
+  int index_;
+  std::unordered_map<int, std::pair<std::unique_ptr<Event>, std::unique_ptr<Event>>> events_;
+};
+
 }  // namespace
+
+std::unique_ptr<jit::TransferQueue> CudaBackend::transfers(Device device) const {
+  if (emulated()) return jit::Backend::transfers(device);
+  return std::make_unique<StreamTransfers>(device.index);
+}
+
+std::shared_ptr<void> CudaBackend::allocate_host(size_t bytes) const {
+  // The emulator's, from the host allocator: KILN_MEMORY_LIMIT applies, as it does to a GPU's
+  // copies below.
+  if (emulated()) return jit::Backend::allocate_host(bytes);
+  const int64_t limit = memory::memory_limit_bytes();
+  if (limit > 0 && memory::host_allocator().bytes_in_use() + static_cast<int64_t>(bytes) > limit) return nullptr;
+  void* p = allocate_pinned_host(bytes);
+  if (!p) return nullptr;
+  return std::shared_ptr<void>(p, [](void* q) { free_pinned_host(q); });
+}
 
 std::vector<int> CudaBackend::row_groups(const std::vector<jit::Kernel>& kernels) const {
   return cuda_row_groups(kernels);

@@ -14,6 +14,10 @@ class CudaBackend : public jit::Backend {
                                                 const std::vector<int>& groups) const override;
   void run_library(const jit::Kernel& kernel, void* const* ptrs, Device device) const override;
   void synchronize(Device device) const override;
+  bool offloads() const override { return true; }
+  // A GPU's offload copies run on its copy stream, from pinned memory; the emulator's at once.
+  std::unique_ptr<jit::TransferQueue> transfers(Device device) const override;
+  std::shared_ptr<void> allocate_host(size_t bytes) const override;
 };
 
 // Differs from a GPU only where the host stands in for it: library calls. Kernels, memory and

@@ -158,24 +158,31 @@ void device_free(int index, void* p, size_t bytes) {
 #endif
 }
 
-void* stream(int index) {
+namespace {
+// Stream `which` of device `index` (0: kiln's, 1: the copy stream), non-blocking, created on first
+// use and never destroyed (storages freed at exit may still queue).
+void* device_stream(int index, int which) {
   check_device(Device::cuda(index), "cuda::stream");
   if (emulated()) return nullptr;
 #if KILN_WITH_CUDA
-  // One non-blocking stream per device, never destroyed (storages freed at exit may still queue).
   static std::mutex& mutex = *new std::mutex;
-  static std::vector<cudaStream_t>& streams = *new std::vector<cudaStream_t>(static_cast<size_t>(device_count()), nullptr);
+  static std::vector<cudaStream_t>& streams = *new std::vector<cudaStream_t>(2 * static_cast<size_t>(device_count()), nullptr);
   std::lock_guard<std::mutex> lock(mutex);
-  cudaStream_t& s = streams[static_cast<size_t>(index)];
+  cudaStream_t& s = streams[2 * static_cast<size_t>(index) + static_cast<size_t>(which)];
   if (!s) {
     use_device(index);
     check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), fmt::format("creating a stream on cuda:{}", index));
   }
   return s;
 #else
+  (void)which;
   return nullptr;
 #endif
 }
+}  // namespace
+
+void* stream(int index) { return device_stream(index, 0); }
+void* copy_stream(int index) { return device_stream(index, 1); }
 
 void synchronize(int index) {
   void* s = stream(index);
@@ -237,8 +244,9 @@ Event::~Event() {
 #endif
 }
 
-void Event::record() {
-  void* s = stream(device_);
+void Event::record() { record_on(stream(device_)); }
+
+void Event::record_on([[maybe_unused]] void* s) {
   host_ms_ = host_ms();
 #if KILN_WITH_CUDA
   if (!emulated()) {
@@ -377,6 +385,49 @@ void fill_bytes(int index, void* p, int value, size_t bytes) {
   check(cudaMemsetAsync(p, value, bytes, static_cast<cudaStream_t>(s)), "cudaMemsetAsync");
 #else
   (void)s;
+#endif
+}
+
+// ---- copies beside the kernels: offloaded activations ----
+
+void* allocate_pinned_host(size_t bytes) { return allocate_pinned(std::max<size_t>(bytes, 1)); }
+
+void free_pinned_host(void* p) {
+  if (!p) return;
+  if (emulated()) return std::free(p);
+#if KILN_WITH_CUDA
+  cudaFreeHost(p);  // runs in destructors: a failure here has no one to tell
+#endif
+}
+
+void side_copy(int index, void* dst, const void* src, size_t bytes, Event& ready, Event& done) {
+  void* side = copy_stream(index);
+  if (emulated()) {
+    std::memcpy(dst, src, bytes);
+    ready.record(), done.record();
+    return;
+  }
+#if KILN_WITH_CUDA
+  use_device(index);
+  ready.record();  // the point of kiln's stream the copy must come after
+  check(cudaStreamWaitEvent(static_cast<cudaStream_t>(side), static_cast<cudaEvent_t>(ready.event_), 0),
+        "cudaStreamWaitEvent (copy stream)");
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(side)), "offload copy");
+  done.record_on(side);
+#else
+  (void)side, (void)dst, (void)src, (void)bytes, (void)ready, (void)done;
+#endif
+}
+
+void wait_for(int index, const Event& done) {
+  void* s = stream(index);
+  if (emulated()) return;
+#if KILN_WITH_CUDA
+  use_device(index);
+  check(cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(done.event_), 0),
+        "cudaStreamWaitEvent");
+#else
+  (void)s, (void)done;
 #endif
 }
 

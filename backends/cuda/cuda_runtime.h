@@ -41,6 +41,8 @@ void device_free(int index, void* p, size_t bytes);
 
 // kiln's stream on device `index` (a cudaStream_t; nullptr for the emulator), created on first use.
 void* stream(int index);
+// The device's second stream: copies of offloaded activations, overlapping kiln's kernels.
+void* copy_stream(int index);
 // Waits until everything queued on stream(index) has finished; throws kiln::Error with the
 // runtime's message if an earlier kernel failed.
 void synchronize(int index);
@@ -57,11 +59,15 @@ class Event {
   Event& operator=(const Event&) = delete;
 
   void record();
+  // Records on `stream` (one of this device's streams) instead of stream(device).
+  void record_on(void* stream);
   bool done() const;
   void synchronize() const;
   static double elapsed_ms(const Event& start, const Event& end);
 
  private:
+  friend void side_copy(int, void*, const void*, size_t, Event&, Event&);
+  friend void wait_for(int, const Event&);
   int device_;
   void* event_ = nullptr;  // cudaEvent_t
   double host_ms_ = 0;     // the emulator's record time
@@ -79,5 +85,17 @@ void copy_to_host(int index, void* host_dst, const void* device_src, size_t byte
 // Queued on stream(index): a device-to-device copy, and every byte of [p, p + bytes) set to `value`.
 void copy_on_device(int index, void* dst, const void* src, size_t bytes);
 void fill_bytes(int index, void* p, int value, size_t bytes);
+
+// Copies of offloaded activations (jit/offload.h), beside the kernels: side_copy queues on
+// copy_stream(index), after the work queued on stream(index) so far (`ready` marks that point), a
+// copy of `bytes` from `src` to `dst`, one of them pinned host memory, and records `done` after
+// it; wait_for(done) makes the work queued on stream(index) from then on wait for that copy. The
+// emulator copies at once.
+void side_copy(int index, void* dst, const void* src, size_t bytes, Event& ready, Event& done);
+void wait_for(int index, const Event& done);
+// Page-locked host memory, which copies on a stream need to overlap kernels (the emulator's: plain
+// host memory); nullptr when none is available (e.g. the locked-memory limit).
+void* allocate_pinned_host(size_t bytes);
+void free_pinned_host(void* p);
 
 }  // namespace kiln::cuda

@@ -522,7 +522,8 @@ std::vector<CudaLaunch> CudaKernelRenderer::render(std::string& out) {
     case KernelKind::Matmul:
     case KernelKind::Conv:
     case KernelKind::Collective:
-    case KernelKind::QuantizedMatmul: break;
+    case KernelKind::QuantizedMatmul:
+    case KernelKind::Transfer: break;
   }
   return launches;
 }

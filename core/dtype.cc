@@ -45,8 +45,25 @@ DType promote(DType a, DType b) {
   return ra > rb ? a : b;
 }
 
-uint16_t float_to_half(float f) { return std::bit_cast<uint16_t>(static_cast<_Float16>(f)); }
-float half_to_float(uint16_t h) { return static_cast<float>(std::bit_cast<_Float16>(h)); }
+// clang before 15 has no _Float16 on x86 (the fuzz build, tests/fuzz, uses Debian's clang 14);
+// its __fp16 is the same IEEE binary16 as a storage type, converted with the same rounding.
+#if defined(__clang__) && __clang_major__ < 15
+using Half = __fp16;
+#else
+using Half = _Float16;
+#endif
+// memcpy, not bit_cast: a function cannot return an __fp16.
+uint16_t float_to_half(float f) {
+  Half h = static_cast<Half>(f);
+  uint16_t bits;
+  std::memcpy(&bits, &h, sizeof bits);
+  return bits;
+}
+float half_to_float(uint16_t bits) {
+  Half h;
+  std::memcpy(&h, &bits, sizeof h);
+  return static_cast<float>(h);
+}
 
 uint16_t float_to_bfloat16(float f) {
   uint32_t u = std::bit_cast<uint32_t>(f);

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <map>
 
 #include "core/error.h"
@@ -33,6 +34,10 @@ void parse_int(Int& out, std::string_view name, const std::string& v) {
   errno = 0;
   long long x = std::strtoll(v.c_str(), &end, 10);
   if (v.empty() || *end != '\0' || errno != 0) bad_value(name, v, "an integer");
+  // An int flag given 4294967296 would otherwise wrap to 0 without a word.
+  if (x < std::numeric_limits<Int>::min() || x > std::numeric_limits<Int>::max())
+    bad_value(name, v, fmt::format("an integer in [{}, {}]", std::numeric_limits<Int>::min(),
+                                   std::numeric_limits<Int>::max()));
   out = static_cast<Int>(x);
 }
 void parse_into(int& out, std::string_view name, const std::string& v) { parse_int(out, name, v); }
@@ -120,7 +125,7 @@ Flags read_environment() {
 int64_t parse_size(const std::string& text, const char* what) {
   char* end = nullptr;
   double v = std::strtod(text.c_str(), &end);
-  std::string unit(end);
+  std::string unit(static_cast<const char*>(end), text.c_str() + text.size());  // to the end: a NUL inside is no unit
   static const std::map<std::string, double> units = {
       {"", 1},        {"B", 1},         {"K", 1024.0},       {"KB", 1e3},           {"KiB", 1024.0},
       {"M", 1 << 20}, {"MB", 1e6},      {"MiB", 1 << 20},    {"G", 1 << 30},         {"GB", 1e9},
@@ -128,7 +133,10 @@ int64_t parse_size(const std::string& text, const char* what) {
   auto it = units.find(unit);
   KILN_CHECK(end != text.c_str() && it != units.end() && v >= 0, "flags",
              "cannot read '{}' as a size for {}; write e.g. 512MiB, 2GB or a byte count", text, what);
-  return static_cast<int64_t>(v * it->second);
+  // Under 2^63 bytes, so the conversion is defined ("1e300", "inf" and 9EiB are not sizes).
+  const double bytes = v * it->second;
+  KILN_CHECK(bytes < 0x1p63, "flags", "size '{}' for {} is over 2^63 bytes", text, what);
+  return static_cast<int64_t>(bytes);
 }
 
 Flags Flags::from_environment() { return read_environment(); }

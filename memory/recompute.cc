@@ -103,6 +103,9 @@ int64_t budget_bytes(const std::string& budget, int64_t unconstrained_arena) {
   if (budget.empty()) return 0;
   if (is_fraction(budget)) {
     double fraction = std::strtod(budget.c_str(), nullptr);
+    // As flags validation requires: a fraction past 1 (or "66666666666661.") would overflow int64.
+    KILN_CHECK(fraction > 0 && fraction <= 1, "memory_budget", "budget '{}' is not a fraction in (0, 1] or a size",
+               budget);
     return std::max<int64_t>(1, static_cast<int64_t>(std::floor(fraction * static_cast<double>(unconstrained_arena))));
   }
   return std::max<int64_t>(1, parse_size(budget, "memory_budget"));

@@ -9,8 +9,14 @@ inline constexpr const char* kCpuPrelude = R"KILN(
 #include <stdint.h>
 typedef uint16_t kiln_half;
 typedef uint16_t kiln_bf16;
-static inline float kiln_h2f(uint16_t h) { _Float16 f; __builtin_memcpy(&f, &h, 2); return (float)f; }
-static inline uint16_t kiln_f2h(float x) { _Float16 f = (_Float16)x; uint16_t h; __builtin_memcpy(&h, &f, 2); return h; }
+// clang before 15 has no _Float16 on x86; its __fp16 is the same binary16, as a storage type.
+#if defined(__clang__) && __clang_major__ < 15
+typedef __fp16 kiln_f16;
+#else
+typedef _Float16 kiln_f16;
+#endif
+static inline float kiln_h2f(uint16_t h) { kiln_f16 f; __builtin_memcpy(&f, &h, 2); return (float)f; }
+static inline uint16_t kiln_f2h(float x) { kiln_f16 f = (kiln_f16)x; uint16_t h; __builtin_memcpy(&h, &f, 2); return h; }
 static inline float kiln_bits_f(uint32_t u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
 static inline uint32_t kiln_f_bits(float f) { uint32_t u; __builtin_memcpy(&u, &f, 4); return u; }
 static inline float kiln_bf2f(uint16_t b) { return kiln_bits_f((uint32_t)b << 16); }

@@ -2,6 +2,8 @@
 // packing fallback for layouts oneDNN would only run with its slow reference kernel.
 #include "backends/cpu/matmul_onednn.h"
 
+#include <cpuid.h>
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -328,11 +330,24 @@ void onednn_pack_int8_weight(const void* plain, void* packed, int64_t K, int64_t
   }
 }
 
+namespace {
+// AVX-VNNI or AMX-INT8. clang before 16 (Debian's clang 14 builds the fuzzers, tests/fuzz) knows
+// neither name in __builtin_cpu_supports; CPUID leaf 7 says the same: subleaf 1 EAX bit 4
+// (AVX-VNNI), subleaf 0 EDX bit 25 (AMX-INT8).
+bool has_avxvnni_or_amx_int8() {
+#if defined(__clang__) && __clang_major__ < 16
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  bool amx = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx >> 25 & 1);
+  bool vnni = __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax >> 4 & 1);
+  return amx || vnni;
+#else
+  return __builtin_cpu_supports("avxvnni") || __builtin_cpu_supports("amx-int8");
+#endif
+}
+}  // namespace
+
 int onednn_int8_weight_limit() {
-  static const int limit =
-      __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni") || __builtin_cpu_supports("amx-int8")
-          ? 127
-          : 63;
+  static const int limit = __builtin_cpu_supports("avx512vnni") || has_avxvnni_or_amx_int8() ? 127 : 63;
   return limit;
 }
 

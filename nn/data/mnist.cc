@@ -100,8 +100,17 @@ IdxArray read_idx(const std::string& path) {
                path, shape_str(array.dims));
     total *= dim;
   }
-  array.data.resize(total);
-  got = in.read(array.data.data(), total);
+  // Grown as the data arrives (doubling, from 1 MiB), never far past what the file holds: a
+  // 30-byte file whose dims promise 6 GiB is an Error, not a 6 GiB allocation first.
+  got = 0;
+  while (got < total) {
+    const int64_t want = std::min(total, std::max<int64_t>(2 * got, int64_t{1} << 20));
+    array.data.resize(static_cast<size_t>(want));
+    const int64_t arrived = in.read(array.data.data() + got, want - got);
+    got += arrived;
+    if (got < want) break;  // end of file
+  }
+  array.data.resize(static_cast<size_t>(got));
   KILN_CHECK(got == total, "read_idx", "{}: truncated: dims {} promise {} data bytes, the file holds {}", path,
              shape_str(array.dims), total, got);
   uint8_t extra;

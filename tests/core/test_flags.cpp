@@ -3,6 +3,9 @@
 #include <kiln/kiln.h>
 
 #include <cstdlib>
+#include <string>
+
+#include "memory/recompute.h"
 
 using namespace kiln;
 
@@ -85,4 +88,21 @@ TEST_CASE("flags with a grammar refuse bad values from the environment and set()
   // From set(): refused, and the flags are left as they were.
   REQUIRE_THROWS_WITH(flags().set("compress_activations", "int4"), Catch::Contains("KILN_COMPRESS_ACTIVATIONS"));
   CHECK(flags().compress_activations.empty());
+}
+
+// Found by tests/fuzz/fuzz_flags (tests/fuzz/regressions/flags): sizes and budgets past int64
+// were converted anyway (undefined behaviour), int flags wrapped, a NUL hid the rest of a size.
+TEST_CASE("sizes, budgets and int flags out of range are errors", "[flags]") {
+  CHECK_THROWS_WITH(parse_size("1e300", "memory_limit"), Catch::Contains("over 2^63 bytes"));
+  CHECK_THROWS_WITH(parse_size("inf", "memory_limit"), Catch::Contains("over 2^63 bytes"));
+  CHECK_THROWS_WITH(parse_size("9000000TiB", "memory_limit"), Catch::Contains("over 2^63 bytes"));
+  CHECK(parse_size("8000000TB", "memory_limit") == int64_t{8000000000000000000});
+  CHECK_THROWS_AS(parse_size(std::string("12\0GiB", 6), "memory_limit"), Error);
+  CHECK_THROWS_WITH(memory::budget_bytes("66666666666661.", 1 << 20), Catch::Contains("fraction in (0, 1]"));
+  CHECK(memory::budget_bytes("0.5", 1 << 20) == 1 << 19);
+  FlagsGuard guard;
+  const int log = flags().log;
+  CHECK_THROWS_WITH(flags().set("log", "4294967296"), Catch::Contains("an integer in [-2147483648, 2147483647]"));
+  CHECK_THROWS_WITH(flags().set("compile_jobs", "-4294967295"), Catch::Contains("KILN_COMPILE_JOBS"));
+  CHECK(flags().log == log);  // unchanged, not wrapped to 0
 }

@@ -239,8 +239,8 @@ void offload_activations(Plan& plan, const Backend& backend, int64_t budget) {
   const bool all = mode == "all";
   if (mode == "off" || (!all && budget < 0)) return;
   if (!backend.offloads()) {
-    static bool said = false;
-    if (all && !std::exchange(said, true))
+    static bool said = false;  // once, and only for a plan that had saved activations to offload
+    if (all && !said && !offload_candidates(plan.program).empty() && !std::exchange(said, true))
       fmt::print(stderr, "kiln: note: KILN_OFFLOAD=all does nothing on the {} backend: its saved activations are "
                  "in host memory already\n", backend.name());
     return;

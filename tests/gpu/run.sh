@@ -94,6 +94,9 @@ else
   KILN_CACHE_DIR="$BUILD/kernel-cache" "$BUILD/tests/kiln_tests" "[cuda]" --success > "$LOGS/cuda_tests.log" 2>&1
   cuda_rc=$?
   row "[cuda] cases" "$(grep -aE '^(All tests passed|test cases:)' "$LOGS/cuda_tests.log" | tail -1)"
+  # Offloaded activations: copies on the second stream, joined by events (jit/offload.h).
+  KILN_CACHE_DIR="$BUILD/kernel-cache" "$BUILD/tests/kiln_tests" "[offload]" > "$LOGS/offload_tests.log" 2>&1 || cuda_rc=1
+  row "[offload] cases" "$(grep -aE '^(All tests passed|test cases:)' "$LOGS/offload_tests.log" | tail -1)"
   row "NCCL (world of one)" "$(grep -aA3 'NCCL all-reduces' "$LOGS/cuda_tests.log" | grep -aoE 'SKIPPED[^"]*|PASSED|FAILED' | head -1)"
   # Two processes on the one GPU: NCCL refuses two ranks on one device, so this checks that the
   # collectives then take the host path (MPI) and agree. Needs OpenMPI on the GPU machine.

@@ -14,16 +14,13 @@
 #include "jit/offload.h"
 #include "memory/allocator.h"
 #include "memory/profile.h"
+#include "tests/support/compare.h"
 
 using namespace kiln;
 
 namespace {
 
-bool have_cuda() {
-  if (cuda::available()) return true;
-  WARN("SKIPPED: no CUDA device (" << cuda::unavailable_reason() << "); KILN_CUDA_EMULATOR=1 runs these on the host");
-  return false;
-}
+using kiln::testing::have_cuda;
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

@@ -11,6 +11,12 @@
 
 namespace kiln::testing {
 
+bool have_cuda() {
+  if (cuda::available()) return true;
+  WARN("SKIPPED: no CUDA device (" << cuda::unavailable_reason() << "); KILN_CUDA_EMULATOR=1 runs these on the host");
+  return false;
+}
+
 Tensor f32(const std::vector<double>& values, Shape shape) {
   return from_doubles(values, std::move(shape), DType::Float32);
 }

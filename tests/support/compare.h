@@ -16,6 +16,10 @@ namespace kiln::testing {
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
+// Whether cuda:0 can run (a GPU, or the emulator under KILN_CUDA_EMULATOR=1); if not, the case
+// says it was skipped and why (CTest's "emulated." entries run the [device] cases on the emulator).
+bool have_cuda();
+
 Tensor f32(const std::vector<double>& values, Shape shape);
 Tensor f32(const std::vector<double>& values);  // 1-d
 Tensor i64(const std::vector<int64_t>& values, Shape shape);

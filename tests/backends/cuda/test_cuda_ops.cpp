@@ -11,16 +11,13 @@
 #include <kiln/kiln.h>
 
 #include "backends/cuda/cuda_runtime.h"
+#include "tests/support/compare.h"
 
 using namespace kiln;
 
 namespace {
 
-bool have_cuda() {
-  if (cuda::available()) return true;
-  WARN("SKIPPED: no CUDA device (" << cuda::unavailable_reason() << "); KILN_CUDA_EMULATOR=1 runs these on the host");
-  return false;
-}
+using kiln::testing::have_cuda;
 
 const Device kGpu = Device::cuda(0);
 

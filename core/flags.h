@@ -20,6 +20,7 @@ enum class AmpMode : uint8_t { None, Float16, BFloat16 };
   X(bool, use_cuda, false, "create new tensors on the first CUDA device")                          \
   X(bool, cuda_emulator, false, "no GPU: run CUDA on the host emulator (tests; slow, exact)")        \
   X(bool, tf32, false, "CUDA float32 matmul and conv may round inputs to TF32 (tensor cores)")     \
+  X(bool, deterministic, false, "CUDA: scatter-adds without atomics, cuDNN's deterministic algorithms only (same bits run to run; slower)") \
   X(int, log, 0, "0 quiet; 1 schedule summary and cache hits; 2 a line per kernel; 3 source")      \
   X(std::string, cache_dir, "", "kernel cache directory (default ~/.cache/kiln)")                  \
   X(std::string, data_dir, "", "datasets folder (DIR/fashion-mnist or DIR); default /usr/share/datasets") \

@@ -195,6 +195,7 @@ std::string structural_key(PendingGraph& g, uint64_t walk) {
   put(flags().tiled_updates ? -3 : -4);
   // Offload (jit/offload.h) changes a device plan: its mode, and under auto the budget it meets.
   if (!g.nodes.empty() && g.nodes.front()->device.is_cuda()) {
+    put(flags().deterministic ? -8 : -9);  // scatter kernels rendered without atomics
     const std::string& mode = flags().offload;
     put(mode == "off" ? -5 : mode == "all" ? -6 : -7);
     if (mode == "auto") put(static_cast<int64_t>(std::hash<std::string>{}(flags().memory_budget)));

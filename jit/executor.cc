@@ -360,7 +360,10 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
   }
   scalars.push_back(0);
   int_scalars.push_back(0);
-  if (flags().num_threads > 0) omp_set_num_threads(flags().num_threads);
+  // Set on every run: num_threads = 0 after a count must give every core back. OpenMP's default
+  // (OMP_NUM_THREADS or the cores) is read once, before kiln first changes it.
+  static const int all_cores = omp_get_max_threads();
+  omp_set_num_threads(flags().num_threads > 0 ? flags().num_threads : all_cores);
   // One arena holds every intermediate; the pool hands the same memory back run after run.
   std::shared_ptr<Storage> arena;
   if (plan.memory.arena_bytes > 0) {

@@ -97,7 +97,7 @@ struct ConvPlan {
   }
 };
 
-// device, pass, dtype, tf32, and the 16 numbers of the geometry.
+// device, pass, dtype, tf32 | deterministic << 1, and the 16 numbers of the geometry.
 using ConvKey = std::array<int64_t, 20>;
 
 // A device's cuDNN handle, bound to kiln's stream and never destroyed (like cuBLASLt's). cuDNN
@@ -145,8 +145,8 @@ bool algorithm_refused(cudnnStatus_t s) {
 template <class Describe>
 [[noreturn]] void no_conv_algorithm(const ConvPlan& plan, const Describe& describe) {
   KILN_FAIL(kConvOp, "cuDNN offers no algorithm for this convolution ({} ranked, none usable with at most {} of "
-            "workspace at this precision{}); {}", plan.ranked, memory::format_bytes(kConvWorkspaceLimit),
-            plan.refusals.empty() ? "" : "; refused when called:" + plan.refusals, describe());
+            "workspace at this precision{}{}); {}", plan.ranked, memory::format_bytes(kConvWorkspaceLimit),
+            flags().deterministic ? " and deterministic (KILN_DETERMINISTIC=1)" : "", plan.refusals.empty() ? "" : "; refused when called:" + plan.refusals, describe());
 }
 
 // cuDNN's ranked algorithms that passed its checks, keep the precision kiln asked for, and need
@@ -155,13 +155,14 @@ template <class Describe>
 // float32 without tf32 stays on FMA math (no TF32 rounding). Conversion math (inputs rounded to a
 // narrower type) is never taken.
 template <class Perf, class WorkspaceSize, class Describe>
-void choose_algorithms(ConvPlan& plan, const Perf* perf, int count, bool fma_only, const WorkspaceSize& workspace_size,
-                       const Describe& describe) {
+void choose_algorithms(ConvPlan& plan, const Perf* perf, int count, bool fma_only, bool deterministic,
+                       const WorkspaceSize& workspace_size, const Describe& describe) {
   plan.ranked = static_cast<size_t>(count);
   for (int i = 0; i < count; ++i) {
     const Perf& p = perf[i];
     if (p.status != CUDNN_STATUS_SUCCESS || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
     if (fma_only && p.mathType == CUDNN_TENSOR_OP_MATH) continue;
+    if (deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;  // KILN_DETERMINISTIC: no atomics
     const cudnnMathType_t math = fma_only ? CUDNN_FMA_MATH : p.mathType;
     check_cudnn(cudnnSetConvolutionMathType(plan.conv, math), "cudnnSetConvolutionMathType", describe);
     size_t bytes = 0;
@@ -172,7 +173,7 @@ void choose_algorithms(ConvPlan& plan, const Perf* perf, int count, bool fma_onl
 }
 
 template <class Describe>
-std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t handle, ConvPass pass, DType t, bool tf32,
+std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t handle, ConvPass pass, DType t, bool tf32, bool deterministic,
                                          const ConvGeometry& g, const Describe& describe) {
   auto plan = std::make_unique<ConvPlan>();
   const cudnnDataType_t type = cudnn_type(t);
@@ -214,7 +215,7 @@ std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t handle, ConvPass pass, DT
       check_cudnn(cudnnGetConvolutionForwardAlgorithm_v7(handle, plan->x, plan->w, plan->conv, plan->y,
                                                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf),
                   "cudnnGetConvolutionForwardAlgorithm_v7", describe);
-      choose_algorithms(*plan, perf, found, fma_only, [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
+      choose_algorithms(*plan, perf, found, fma_only, deterministic, [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
         return cudnnGetConvolutionForwardWorkspaceSize(handle, plan->x, plan->w, plan->conv, plan->y, algo, bytes);
       }, describe);
       break;
@@ -224,7 +225,7 @@ std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t handle, ConvPass pass, DT
       check_cudnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, plan->w, plan->y, plan->conv, plan->x,
                                                               CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf),
                   "cudnnGetConvolutionBackwardDataAlgorithm_v7", describe);
-      choose_algorithms(*plan, perf, found, fma_only, [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
+      choose_algorithms(*plan, perf, found, fma_only, deterministic, [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
         return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, plan->w, plan->y, plan->conv, plan->x, algo,
                                                             bytes);
       }, describe);
@@ -236,7 +237,7 @@ std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t handle, ConvPass pass, DT
                                                                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found,
                                                                 perf),
                   "cudnnGetConvolutionBackwardFilterAlgorithm_v7", describe);
-      choose_algorithms(*plan, perf, found, fma_only, [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
+      choose_algorithms(*plan, perf, found, fma_only, deterministic, [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
         return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, plan->x, plan->y, plan->conv, plan->w, algo,
                                                               bytes);
       }, describe);
@@ -252,14 +253,16 @@ void run_conv(int device, ConvPass pass, DType t, const ConvGeometry& g, const v
   check_cuda(cudaSetDevice(device), kConvOp, "cudaSetDevice", describe);
   auto stream = static_cast<cudaStream_t>(cuda::stream(device));
   const bool tf32 = t == DType::Float32 && flags().tf32;
+  const bool deterministic = flags().deterministic;
 
   ConvDevice& dev = conv_devices().get_or_create(device, [&] { return make_conv_device(stream, describe); });
   std::lock_guard<std::mutex> lock(dev.mutex);
   const cudnnHandle_t handle = dev.handle;
-  const ConvKey key{device, static_cast<int64_t>(pass), static_cast<int64_t>(t), tf32,
+  const ConvKey key{device, static_cast<int64_t>(pass), static_cast<int64_t>(t), int64_t{tf32} | int64_t{deterministic} << 1,
                     g.N, g.C, g.H, g.W, g.OC, g.KH, g.KW, g.OH, g.OW, g.stride[0], g.stride[1],
                     g.padding[0], g.padding[1], g.dilation[0], g.dilation[1], g.groups};
-  ConvPlan& plan = conv_plans().get_or_create(key, [&] { return make_conv_plan(handle, pass, t, tf32, g, describe); });
+  ConvPlan& plan = conv_plans().get_or_create(
+      key, [&] { return make_conv_plan(handle, pass, t, tf32, deterministic, g, describe); });
   // beta = 0: the output is overwritten and never read (it may hold NaN).
   const float one = 1.0f, zero = 0.0f;
   for (;;) {

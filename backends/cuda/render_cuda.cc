@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/flags.h"
 #include "backends/cuda/attention_cuda.h"
 #include "backends/cuda/cuda_prelude.h"
 #include "jit/canonical_kernel.h"
@@ -423,7 +424,8 @@ int64_t CudaKernelRenderer::column_parts() const {
   return split_parts(tiles, rows * std::min<int64_t>(k_.loops.back().extent, 32));
 }
 
-// Two functions: <name>_zero clears the output, then <name> adds every value at its index.
+// Two functions: <name>_zero clears the output, then <name> adds every value at its index: with
+// atomics (the order of the additions is the hardware's), or in a fixed order under KILN_DETERMINISTIC.
 void CudaKernelRenderer::scatter(std::string& out, std::vector<CudaLaunch>& launches) const {
   const DType out_t = k_.buffers[0].dtype;
   const std::string zero = k_.name + "_zero";
@@ -434,13 +436,29 @@ void CudaKernelRenderer::scatter(std::string& out, std::vector<CudaLaunch>& laun
 
   const Loop& l0 = k_.loops[0];
   const Loop& l1 = k_.loops[1];
-  const int64_t work = l0.extent * l1.extent;
+  const std::string at = fmt::format("    const int64_t at = {} + {}LL * kiln_check_index((int64_t){}, {}LL, err);\n",
+                                     values_.idx(k_.store_index), k_.scatter_stride, values_.v(k_.scatter_index),
+                                     k_.scatter_extent);
   out += "\n" + signature(k_.name);
+  if (flags().deterministic) {
+    // KILN_DETERMINISTIC: no atomics. The outputs of one position of loop 0 get all their
+    // additions from one thread, in the order of loop 1: the CPU kernel's order, so the same bits.
+    out += fmt::format("  for (int64_t {0} = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; {0} < {1}LL; "
+                       "{0} += (int64_t)gridDim.x * blockDim.x)\n", l0.var, l0.extent);
+    out += fmt::format("  for (int64_t {0} = 0; {0} < {1}LL; ++{0}) {{\n", l1.var, l1.extent);
+    values_.emit_values(out, "    ");
+    out += at;
+    out += fmt::format("    {0}[at] = {1};\n  }}\n}}\n", values_.buf(0),
+                       store_value(out_t, fmt::format("{} + {}", load_value(out_t, values_.buf(0) + "[at]"),
+                                                      values_.v(k_.value))));
+    launches.push_back({k_.name, blocks_for(l0.extent, kThreads), kThreads});
+    return;
+  }
+  const int64_t work = l0.extent * l1.extent;
   out += fmt::format("  for (int64_t t = {}) {{\n", fmt::format(fmt::runtime(kGridStride), work));
   out += fmt::format("    const int64_t {0} = t / {2}LL, {1} = t % {2}LL;\n", l0.var, l1.var, l1.extent);
   values_.emit_values(out, "    ");
-  out += fmt::format("    const int64_t at = {} + {}LL * kiln_check_index((int64_t){}, {}LL, err);\n",
-                     values_.idx(k_.store_index), k_.scatter_stride, values_.v(k_.scatter_index), k_.scatter_extent);
+  out += at;
   out += fmt::format("    kiln_atomic_add(&{}[at], ({})({}));\n  }}\n}}\n", values_.buf(0), compute_type(out_t),
                      values_.v(k_.value));
   launches.push_back({k_.name, blocks_for(work, kThreads), kThreads});

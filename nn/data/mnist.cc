@@ -47,6 +47,17 @@ class GzReader {
     return done;
   }
 
+  // After the last read: a gzip stream that ended early (zlib's Z_BUF_ERROR, "unexpected end of
+  // file") is not an error to gzread, which hands out what it could inflate; without this check a
+  // file missing its CRC-32 and length trailer would be accepted unverified.
+  void require_complete(int64_t data_bytes) {
+    int code = Z_OK;
+    const char* message = gzerror(file_, &code);
+    KILN_CHECK(code == Z_OK, "read_idx", "{}: the gzip stream ends early after {} data bytes ({}): the file is "
+               "truncated (e.g. its checksum trailer is missing); download or copy it again", path_, data_bytes,
+               message ? message : "unknown zlib error");
+  }
+
  private:
   std::string path_;
   gzFile file_;
@@ -117,6 +128,7 @@ IdxArray read_idx(const std::string& path) {
   KILN_CHECK(in.read(&extra, 1) == 0, "read_idx",
              "{}: longer than its dims {} say ({} data bytes): trailing bytes after the data", path,
              shape_str(array.dims), total);
+  in.require_complete(total);
   return array;
 }
 

@@ -141,6 +141,33 @@ TEST_CASE("CUDA views, padding, concatenation and indexing match the CPU", "[cud
   });
 }
 
+// KILN_DETERMINISTIC=1: scatter-adds without atomics add in the CPU kernel's order, so an
+// embedding's gradient (rows scattered into a table, many to one row) has the CPU's bits, in every
+// float dtype, and the same bits run after run.
+TEST_CASE("KILN_DETERMINISTIC: CUDA scatter-adds give the CPU's bits", "[cuda][device][cuda_ops][deterministic]") {
+  if (!have_cuda()) return;
+  FlagsGuard guard;
+  flags().deterministic = true;
+  std::vector<int64_t> ids(300);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7 + i / 13) % 11);
+  const Tensor idx = from_vector<int64_t>(ids, {300}).realize();
+  for (DType t : {DType::Float32, DType::Float64, DType::BFloat16, DType::Float16}) {
+    const Tensor table = normal({11, 24}, t), weights = normal({300, 24}, t);
+    auto embedding_grad = [&](const Device& device) {
+      Tensor w = table.to(device).requires_grad_();
+      Tensor loss = sum(index_select(w, 0, idx.to(device)) * weights.to(device));
+      Tensor g = grad(loss, {w})[0];
+      Tensor direct = scatter_add({11, 24}, 0, expand(reshape(idx.to(device), {300, 1}), {300, 24}), weights.to(device));
+      return std::vector<std::vector<double>>{cast(g, DType::Float64).to(Device::cpu()).to_vector<double>(),
+                                              cast(direct, DType::Float64).to(Device::cpu()).to_vector<double>()};
+    };
+    INFO(dtype_name(t));
+    const auto cpu = embedding_grad(Device::cpu());
+    CHECK(embedding_grad(kGpu) == cpu);
+    CHECK(embedding_grad(kGpu) == cpu);
+  }
+}
+
 TEST_CASE("a CUDA index out of range is a kiln::Error and changes nothing", "[cuda][device][cuda_ops][errors]") {
   if (!have_cuda()) return;
   Tensor a = normal({4, 5}).to(kGpu);

@@ -581,3 +581,17 @@ TEST_CASE("the PTX of vector and row-group kernels has 128-bit and unrolled load
   CHECK(count_in_entry(ptx, cuda.launches[0][0].function, "ld.global.f32") >= 12);
   CHECK_THROWS_AS(cuda::cuda_ptx(cuda.source, "sm_90"), Error);
 }
+
+// KILN_DETERMINISTIC: a scatter-add (an embedding's gradient) renders without atomics, each
+// output's additions from one thread in a fixed order; by default it adds atomically.
+TEST_CASE("KILN_DETERMINISTIC renders scatter-adds without atomics", "[cuda][jit][deterministic]") {
+  Tensor rows = input({40, 16}, DType::Float32);
+  Tensor idx = from_vector<int64_t>({3, 0, 5, 5, 1, 2, 3, 3}, {8}).realize();
+  auto scatter = [&] { return scatter_add({6, 16}, 0, expand(reshape(idx, {8, 1}), {8, 16}), slice(rows, 0, 0, 8)); };
+  CHECK(count(cuda_function_of(scatter), "kiln_atomic_add(") == 1);
+  FlagsGuard guard;
+  flags().deterministic = true;
+  const std::string ordered = cuda_function_of(scatter);
+  CHECK(count(ordered, "kiln_atomic_add(") == 0);
+  CHECK(count(ordered, "_zero") == 1);  // the output is still cleared first
+}

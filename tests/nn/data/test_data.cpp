@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <set>
 #include <stdexcept>
@@ -377,6 +378,22 @@ TEST_CASE("read_idx rejects bad magic, truncation, trailing bytes and missing fi
   write_gzip(dir.file("cut.gz"), big);
   fs::resize_file(dir.file("cut.gz"), fs::file_size(dir.file("cut.gz")) / 2);
   CHECK_THROWS_AS(read_idx(dir.file("cut.gz")), kiln::Error);
+  // Whole data but no trailer (CRC-32 and length, the last 8 bytes): zlib inflates every byte and
+  // only says "unexpected end of file" on the side.
+  write_gzip(dir.file("no-trailer.gz"), good);
+  fs::resize_file(dir.file("no-trailer.gz"), fs::file_size(dir.file("no-trailer.gz")) - 8);
+  CHECK_THROWS_WITH(read_idx(dir.file("no-trailer.gz")),
+                    Contains(dir.file("no-trailer.gz")) && Contains("ends early") && Contains("trailer"));
+  // A trailer whose checksum does not match the data.
+  write_gzip(dir.file("bad-crc.gz"), good);
+  {
+    std::fstream f(dir.file("bad-crc.gz"), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-8, std::ios::end);
+    const char crc_byte = static_cast<char>(f.get());
+    f.seekp(-8, std::ios::end);
+    f.put(static_cast<char>(crc_byte ^ 0x5a));
+  }
+  CHECK_THROWS_WITH(read_idx(dir.file("bad-crc.gz")), Contains(dir.file("bad-crc.gz")) && Contains("corrupt"));
 
   CHECK_THROWS_WITH(read_idx(dir.file("nope")), Contains(dir.file("nope")) && Contains("no such file"));
 }

@@ -660,7 +660,12 @@ bool Lowerer::build_kernels() {
     switch (op_kind(node->op)) {
       case OpKind::Reduce:
         k = build_reduce(*this, node, slot, true);
-        if (k.out_numel == 1 && !all_affine(k)) k = build_reduce(*this, node, slot, false);
+        // Nested loops avoid a division per element where the producer's indexes are not affine
+        // in the flat index; but a float sum keeps the flat loop, whose fixed blocks and lanes
+        // over the flat index make it equal to the sum of the stored value (issue 18's one
+        // result). A max, and an integer sum, are exact in any order.
+        if (k.out_numel == 1 && !all_affine(k) && !(node->op == Op::ReduceSum && is_floating(node->dtype)))
+          k = build_reduce(*this, node, slot, false);
         break;
       case OpKind::Library: {
         if (node->op == Op::AllReduce || node->op == Op::Send || node->op == Op::Recv) {

@@ -135,6 +135,25 @@ Bits random_program(uint32_t seed) {
   return values_and_gradients(outputs, {a, row});
 }
 
+// Sums whose fused producers read through views with non-affine indexes (a transposed tensor
+// reshaped: divisions and remainders), padding, stepped slices, and reductions over several axes
+// named in either order; values and the leaf's gradient.
+Bits sums_of_views() {
+  Tensor x = param({48, 30, 40}, 40, 1.0f);
+  Tensor t = stage(tanh(x));
+  std::vector<Tensor> outputs = {
+      sum(reshape(transpose(t, 0, 2), {40 * 30, 48}) * 0.5),
+      sum(reshape(permute(t * 2.0, {1, 2, 0}), {30, 40 * 48}), {1}),
+      sum(pad(t, {{1, 2}, {0, 3}, {2, 0}}) + 1.0),
+      sum(slice(t, 2, 1, 40, 3) * t.slice(2, 0, 13)),
+      sum(t * t, {1, 2}),
+      sum(t * t, {2, 1}),
+      mean(exp(t), {0, 2}),
+      sum(exp(permute(t, {2, 0, 1})), {0, 1}),
+  };
+  return values_and_gradients(outputs, {x});
+}
+
 // A schedule: how one run is set up. Each runs with fresh plans (the plan cache is cleared first).
 struct Schedule {
   std::string name;
@@ -201,6 +220,10 @@ TEST_CASE("one result: a CNN training step has the same bits under every schedul
 
 TEST_CASE("one result: softmax, layer-norm and loss chains and their gradients", "[jit][determinism]") {
   require_one_result(chains);
+}
+
+TEST_CASE("one result: sums over views, padding and several axes", "[jit][determinism]") {
+  require_one_result(sums_of_views);
 }
 
 TEST_CASE("one result: random programs and their gradients", "[jit][determinism]") {

@@ -348,13 +348,15 @@ std::vector<IndexExpr> view_source_index(IndexContext& ctx, const Node& view, co
         guards->push_back({in[d], 0, src[d]});
         // What the pad's input sees of a loop variable is only the part the guard lets through:
         // narrowed, its reshapes fold (a concatenation's pieces read as plain rows).
+        // x may already be a narrowed copy (an enclosing pad's): the variable minus its shift.
         const IndexExpr& x = idx[d];
         if (x.constant == 0 && x.terms.size() == 1 && x.terms[0].coeff == 1) {
           const IndexAtom atom = ctx.atoms()[x.terms[0].atom];
+          const int64_t shift = atom.shift, before = view.ints[d];
           if (atom.kind == IndexAtom::Kind::Var)
-            in[d] = ctx.add(ctx.var_in(atom.name, atom.whole_max + 1, std::max(atom.min, view.ints[d]),
-                                       std::min(atom.max, view.ints[d] + src[d] - 1)),
-                            ctx.constant(-view.ints[d]));
+            in[d] = ctx.add(ctx.var_in(atom.name, shift + atom.whole_max + 1, shift + std::max(atom.min, before),
+                                       shift + std::min(atom.max, before + src[d] - 1)),
+                            ctx.constant(-shift - before));
         }
       }
       break;

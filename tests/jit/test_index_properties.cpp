@@ -328,6 +328,33 @@ TEST_CASE("transpose, reshape and a stepped slice read the right elements", "[ji
   CHECK(v.to_doubles() == std::vector<double>{0, 8, 5, 2, 10, 7});
 }
 
+// A pad narrows the loop variable it reads to the part its guard lets through; a second pad on the
+// same axis must narrow that copy, shift included (found by tests/jit/test_one_result.cpp: the
+// inner pad read 6 columns off).
+TEST_CASE("pads of pads and of slices of pads read the right elements", "[jit][index][view]") {
+  std::vector<double> values(4 * 10);
+  std::iota(values.begin(), values.end(), 1.0);
+  const Tensor stored = from_doubles(values, {4, 10}, DType::Float64).realize();
+  for (bool computed : {false, true}) {
+    INFO((computed ? "a computed value" : "a stored buffer") << " under the views");
+    const Tensor x = computed ? stored * 1.0 : stored;
+    Tensor twice = pad(pad(x, {{0, 0}, {2, 1}}), {{0, 0}, {3, 0}});  // (4, 16)
+    Tensor nested = pad(slice(pad(slice(pad(x, {{0, 0}, {3, 1}}), 1, 2, 14), {{1, 0}, {3, 1}}), 1, 2, 16), {{0, 0}, {4, 2}});
+    sync({twice, nested});
+    auto row_of = [&](const Tensor& t, int64_t r) {
+      const std::vector<double> v = t.to_doubles();
+      const int64_t w = t.shape()[1];
+      return std::vector<double>(v.begin() + r * w, v.begin() + (r + 1) * w);
+    };
+    CHECK(row_of(twice, 1) == std::vector<double>{0, 0, 0, 0, 0, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 0});
+    // pad(3, 1): 0 0 0 x0..x9 0; slice 2:14: 0 x0..x9 0; pad(3, 1): 0 0 0 0 x0..x9 0 0;
+    // slice 2:16: 0 0 x0..x9 0 0; pad(4, 2): 0 0 0 0 0 0 x0..x9 0 0 0 0. Row 0 is the padded row.
+    CHECK(row_of(nested, 0) == std::vector<double>(20, 0.0));
+    CHECK(row_of(nested, 2) == std::vector<double>{0, 0, 0, 0, 0, 0, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 0, 0, 0, 0});
+    CHECK(nested.shape() == Shape{5, 20});
+  }
+}
+
 TEST_CASE("random view chains read what an element-by-element reference reads", "[jit][index][view][property]") {
   check_random_view_chains(Device::cpu());
 }

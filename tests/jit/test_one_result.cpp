@@ -108,7 +108,8 @@ Bits chains() {
 }
 
 // A random program over a (192, 200) leaf and a (200) leaf: unary ops, broadcasting binary ops,
-// reductions broadcast back, softmax, transposes and a matmul; each op's value is staged.
+// reductions broadcast back, softmax, transposes, pads of slices, a transposed reshape and a
+// matmul; each op's value is staged, some are summed along an axis or whole.
 Bits random_program(uint32_t seed) {
   std::mt19937 gen(seed);
   auto pick = [&gen](int n) { return static_cast<int>(gen() % static_cast<uint32_t>(n)); };
@@ -117,7 +118,7 @@ Bits random_program(uint32_t seed) {
   Tensor v = a;
   std::vector<Tensor> outputs;
   for (int op = 0; op < 7; ++op) {
-    switch (pick(9)) {
+    switch (pick(11)) {
       case 0: v = tanh(v * 0.7); break;
       case 1: v = sigmoid(v) - 0.5; break;
       case 2: v = sin(v) * exp(v * v * -0.1); break;
@@ -126,10 +127,12 @@ Bits random_program(uint32_t seed) {
       case 5: v = v / (max(abs(v), {1}, true) + 1.0); break;
       case 6: v = softmax(v * 2.0, pick(2)) * 100.0; break;
       case 7: v = transpose(transpose(v, 0, 1) * 0.5 + 0.25, 0, 1); break;
+      case 8: v = pad(slice(v, 1, 3, 193), {{0, 0}, {6, 4}}, 0.5) * 1.25; break;
+      case 9: v = reshape(transpose(v, 0, 1), {192, 200}) - 0.125; break;
       default: v = matmul(v, square_weight); break;
     }
     v = stage(v);
-    if (pick(3) == 0) outputs.push_back(sum(v, {pick(2)}));
+    if (pick(3) == 0) outputs.push_back(pick(2) == 0 ? sum(v, {pick(2)}) : sum(v * 0.5));
   }
   outputs.push_back(v);
   return values_and_gradients(outputs, {a, row});

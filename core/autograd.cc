@@ -1,5 +1,6 @@
 #include "core/autograd.h"
 
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -131,6 +132,10 @@ void Tensor::backward(bool retain_graph) const {
   Backward backward = backpropagate(*this, {}, retain_graph);
   NoGradGuard no_grad;
   AutocastGuard no_autocast(false);
+  // Threads may call backward() through the parameters of one model at once (docs/guide.md, "What
+  // kiln guarantees"): each addition to a .grad is then one at a time, in the order they come.
+  static std::mutex accumulate;
+  std::lock_guard<std::mutex> lock(accumulate);
   for (auto& [node, g] : backward.grads) {
     if (!node->grad_leaf) continue;
     std::shared_ptr<Var> v = node->var.lock();

@@ -101,6 +101,67 @@ TEST_CASE("threads reading one realized model under no-grad get the bits of a si
   CHECK(infer(model, batch(0, 9)) == expected[0]);
 }
 
+TEST_CASE("threads building on one pending value each get the single-thread bits", "[jit][threads]") {
+  const Tensor base = from_vector<float>(ramp(64 * 48, 0.01f, 3), {64, 48}).realize();
+  auto use = [](const Tensor& shared, int t) { return (sum(shared * static_cast<double>(t + 1), {1}) + 1.0).to_vector<float>(); };
+  std::vector<std::vector<float>> expected;
+  {
+    const Tensor shared = exp(base * 0.5);
+    for (int t = 0; t < 4; ++t) expected.push_back(use(shared, t));
+  }
+  for (int round = 0; round < 3; ++round) {
+    const Tensor shared = exp(base * 0.5);  // pending: whichever thread runs first computes it
+    std::vector<std::vector<float>> got(4);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) threads.emplace_back([&, t] { got[t] = use(shared, t); });
+    for (std::thread& th : threads) th.join();
+    for (int t = 0; t < 4; ++t) CHECK(got[t] == expected[t]);
+  }
+}
+
+// Gradients through shared parameters: kiln::grad per thread, and backward() into one .grad.
+std::vector<Tensor> loss_of_shared(const std::vector<Tensor>& model, int t) {
+  Tensor h = relu(matmul(batch(t, 2), model[0]) + model[1]);
+  return {cross_entropy(matmul(h, model[2]) + model[3], labels(t))};
+}
+
+TEST_CASE("threads taking gradients through one shared model get the single-thread bits", "[jit][threads]") {
+  const std::vector<Tensor> model = mlp_params(7);
+  auto grads_of = [&](int t) {
+    std::vector<Tensor> g = grad(loss_of_shared(model, t)[0], model);
+    sync(g);
+    std::vector<std::vector<float>> out;
+    for (const Tensor& x : g) out.push_back(x.to_vector<float>());
+    return out;
+  };
+  std::vector<std::vector<std::vector<float>>> expected, got(3);
+  for (int t = 0; t < 3; ++t) expected.push_back(grads_of(t));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t)
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < 3; ++r) got[t] = grads_of(t);
+    });
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < 3; ++t) CHECK(got[t] == expected[t]);
+}
+
+TEST_CASE("threads calling backward() through one shared model accumulate every gradient", "[jit][threads]") {
+  const std::vector<Tensor> model = mlp_params(8);
+  // One thread after another first: the sum every order must reach, up to rounding.
+  for (int t = 0; t < 4; ++t) loss_of_shared(model, t)[0].backward();
+  std::vector<std::vector<float>> sequential;
+  for (const Tensor& p : model) sequential.push_back(p.grad().to_vector<float>());
+  for (Tensor p : model) p.zero_grad();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) threads.emplace_back([&, t] { loss_of_shared(model, t)[0].backward(); });
+  for (std::thread& th : threads) th.join();
+  for (size_t i = 0; i < model.size(); ++i) {
+    const std::vector<float> together = model[i].grad().to_vector<float>();
+    REQUIRE(together.size() == sequential[i].size());
+    for (size_t j = 0; j < together.size(); ++j) CHECK(together[j] == Approx(sequential[i][j]).margin(1e-6));
+  }
+}
+
 TEST_CASE("an Error in one thread's graph leaves the other thread's training intact", "[jit][threads][errors]") {
   const Trained alone = train(3, 4);
   Trained together;

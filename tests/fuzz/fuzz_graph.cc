@@ -6,9 +6,11 @@
 //   eager  (flags().lazy = false: op by op) in the same dtype,
 //   eager  in float64, every cast kept at float64: the reference;
 // and each run also takes the gradient of a weighted sum of the result with respect to the leaves
-// (backward). Values and gradients must agree within tolerances that follow the lowest precision
-// the program uses; a mismatch aborts with the program printed. A kiln::Error (e.g. a shape an op
-// rejects) must be thrown alike in all three runs.
+// (backward). Lazy and eager must agree bit for bit (docs/guide.md, "What kiln guarantees"); both,
+// and a fourth run, lazy on the emulated CUDA device (cuda:0 on the host; other math functions,
+// so not the CPU's bits), must agree with the reference within tolerances that follow the lowest
+// precision the program uses. A mismatch aborts with the program printed. A kiln::Error (e.g. a
+// shape an op rejects) must be thrown alike in all the runs.
 //
 // Shapes use extents 1 to 3 and rank up to 3, and programs hold at most 6 ops, so the kernels the
 // JIT compiles (by the host compiler, cached on disk) recur across inputs.
@@ -243,10 +245,11 @@ Tensor apply(const Step& op, const std::vector<Tensor>& values, bool reference, 
   return y;
 }
 
-// Runs `p` lazily or eagerly, in its dtype or (reference) in float64.
-Outcome run(const Program& p, bool lazy, bool reference, std::string* log) {
+// Runs `p` lazily or eagerly, in its dtype or (reference) in float64, on the CPU or on cuda:0.
+Outcome run(const Program& p, bool lazy, bool reference, std::string* log, bool on_device = false) {
   FlagsGuard guard;
   flags().lazy = lazy;
+  flags().use_cuda = on_device;  // every tensor the run makes, on cuda:0
   Outcome out;
   try {
     const DType dtype = reference ? DType::Float64 : p.dtype;
@@ -289,6 +292,16 @@ double unit_roundoff(DType t) {
   }
 }
 
+// The CUDA emulator stands in for a GPU (kiln is built with the toolkit wherever the fuzzers
+// are); asked once, before anything else asks about CUDA devices.
+bool emulated_device() {
+  static const bool available = [] {
+    flags().cuda_emulator = true;
+    return cuda::available();
+  }();
+  return available;
+}
+
 [[noreturn]] void mismatch(const Program& p, const std::string& program_text, const std::string& what) {
   std::string leaves;
   for (size_t i = 0; i < p.leaf_shapes.size(); ++i)
@@ -316,6 +329,17 @@ void compare(const Program& p, const std::string& text, const char* what, const 
   }
 }
 
+// Bit for bit (NaN matches NaN): lazy against eager.
+void compare_bits(const Program& p, const std::string& text, const char* what, const std::vector<double>& got,
+                  const std::vector<double>& want) {
+  if (got.size() != want.size())
+    mismatch(p, text, fmt::format("{}: {} elements against {}", what, got.size(), want.size()));
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i]))))
+      mismatch(p, text, fmt::format("{}: element {} is {} against {} (not the same bits)\n  got  [{}]\n  want [{}]",
+                                    what, i, got[i], want[i], fmt::join(got, ", "), fmt::join(want, ", ")));
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -327,10 +351,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The reference runs eagerly: op by op, its kernels recur across programs (a few shapes and
   // ops), so only the lazy run compiles anything new.
   const Outcome reference = run(p, /*lazy=*/false, /*reference=*/true, nullptr);
-  if (lazy.error.has_value() != eager.error.has_value() || lazy.error.has_value() != reference.error.has_value())
-    mismatch(p, text, fmt::format("the runs disagree on an Error: lazy {}, eager {}, float64 {}",
+  const bool on_device = emulated_device();
+  const Outcome device = on_device ? run(p, /*lazy=*/true, /*reference=*/false, nullptr, /*on_device=*/true) : lazy;
+  if (lazy.error.has_value() != eager.error.has_value() || lazy.error.has_value() != reference.error.has_value() ||
+      lazy.error.has_value() != device.error.has_value())
+    mismatch(p, text, fmt::format("the runs disagree on an Error: lazy {}, eager {}, float64 {}, cuda:0 {}",
                                   lazy.error.value_or("none"), eager.error.value_or("none"),
-                                  reference.error.value_or("none")));
+                                  reference.error.value_or("none"), device.error.value_or("none")));
   if (lazy.error) return 0;
 
   // The lowest precision the program touches sets the tolerance; every op may add a rounding.
@@ -348,13 +375,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const double tolerance = 8 * unit_roundoff(lowest) * static_cast<double>(p.ops.size() + 2);
   compare(p, text, "lazy vs float64: value", lazy.value, reference.value, tolerance, reference.largest);
   compare(p, text, "eager vs float64: value", eager.value, reference.value, tolerance, reference.largest);
-  compare(p, text, "lazy vs eager: value", lazy.value, eager.value, tolerance, reference.largest);
+  compare(p, text, "cuda:0 vs float64: value", device.value, reference.value, tolerance, reference.largest);
+  compare_bits(p, text, "lazy vs eager: value", lazy.value, eager.value);
+  for (size_t i = 0; i < p.leaf_shapes.size(); ++i)
+    compare_bits(p, text, fmt::format("lazy vs eager: gradient of v{}", i).c_str(), lazy.grads[i], eager.grads[i]);
   if (smooth) {
     for (size_t i = 0; i < p.leaf_shapes.size(); ++i) {
       compare(p, text, fmt::format("lazy vs float64: gradient of v{}", i).c_str(), lazy.grads[i], reference.grads[i],
               tolerance, reference.largest);
       compare(p, text, fmt::format("eager vs float64: gradient of v{}", i).c_str(), eager.grads[i], reference.grads[i],
               tolerance, reference.largest);
+      compare(p, text, fmt::format("cuda:0 vs float64: gradient of v{}", i).c_str(), device.grads[i],
+              reference.grads[i], tolerance, reference.largest);
     }
   }
   return 0;

@@ -146,7 +146,8 @@ template <class Describe>
 [[noreturn]] void no_conv_algorithm(const ConvPlan& plan, const Describe& describe) {
   KILN_FAIL(kConvOp, "cuDNN offers no algorithm for this convolution ({} ranked, none usable with at most {} of "
             "workspace at this precision{}{}); {}", plan.ranked, memory::format_bytes(kConvWorkspaceLimit),
-            flags().deterministic ? " and deterministic (KILN_DETERMINISTIC=1)" : "", plan.refusals.empty() ? "" : "; refused when called:" + plan.refusals, describe());
+            flags().deterministic ? " and deterministic (KILN_DETERMINISTIC=1)" : "",
+            plan.refusals.empty() ? "" : "; refused when called:" + plan.refusals, describe());
 }
 
 // cuDNN's ranked algorithms that passed its checks, keep the precision kiln asked for, and need
@@ -215,7 +216,8 @@ std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t handle, ConvPass pass, DT
       check_cudnn(cudnnGetConvolutionForwardAlgorithm_v7(handle, plan->x, plan->w, plan->conv, plan->y,
                                                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf),
                   "cudnnGetConvolutionForwardAlgorithm_v7", describe);
-      choose_algorithms(*plan, perf, found, fma_only, deterministic, [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
+      choose_algorithms(*plan, perf, found, fma_only, deterministic,
+                        [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
         return cudnnGetConvolutionForwardWorkspaceSize(handle, plan->x, plan->w, plan->conv, plan->y, algo, bytes);
       }, describe);
       break;
@@ -225,7 +227,8 @@ std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t handle, ConvPass pass, DT
       check_cudnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, plan->w, plan->y, plan->conv, plan->x,
                                                               CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf),
                   "cudnnGetConvolutionBackwardDataAlgorithm_v7", describe);
-      choose_algorithms(*plan, perf, found, fma_only, deterministic, [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
+      choose_algorithms(*plan, perf, found, fma_only, deterministic,
+                        [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
         return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, plan->w, plan->y, plan->conv, plan->x, algo,
                                                             bytes);
       }, describe);
@@ -237,7 +240,8 @@ std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t handle, ConvPass pass, DT
                                                                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found,
                                                                 perf),
                   "cudnnGetConvolutionBackwardFilterAlgorithm_v7", describe);
-      choose_algorithms(*plan, perf, found, fma_only, deterministic, [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
+      choose_algorithms(*plan, perf, found, fma_only, deterministic,
+                        [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
         return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, plan->x, plan->y, plan->conv, plan->w, algo,
                                                               bytes);
       }, describe);
@@ -258,7 +262,8 @@ void run_conv(int device, ConvPass pass, DType t, const ConvGeometry& g, const v
   ConvDevice& dev = conv_devices().get_or_create(device, [&] { return make_conv_device(stream, describe); });
   std::lock_guard<std::mutex> lock(dev.mutex);
   const cudnnHandle_t handle = dev.handle;
-  const ConvKey key{device, static_cast<int64_t>(pass), static_cast<int64_t>(t), int64_t{tf32} | int64_t{deterministic} << 1,
+  const ConvKey key{device, static_cast<int64_t>(pass), static_cast<int64_t>(t),
+                    int64_t{tf32} | int64_t{deterministic} << 1,
                     g.N, g.C, g.H, g.W, g.OC, g.KH, g.KW, g.OH, g.OW, g.stride[0], g.stride[1],
                     g.padding[0], g.padding[1], g.dilation[0], g.dilation[1], g.groups};
   ConvPlan& plan = conv_plans().get_or_create(

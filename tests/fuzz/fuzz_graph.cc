@@ -73,7 +73,7 @@ Program decode(FuzzedDataProvider& in) {
     Shape shape(in.ConsumeIntegralInRange<int>(0, 3));
     for (auto& d : shape) d = in.ConsumeIntegralInRange<int>(1, 3);
     std::vector<double> values(static_cast<size_t>(numel(shape)));
-    // Quarters in [-2, 2]: exact in every dtype, so all three runs start from the same numbers.
+    // Quarters in [-2, 2]: exact in every dtype, so every run starts from the same numbers.
     for (auto& v : values) v = (in.ConsumeIntegralInRange<int>(0, 16) - 8) / 4.0;
     p.leaf_shapes.push_back(shape);
     p.leaf_values.push_back(values);
@@ -292,12 +292,15 @@ double unit_roundoff(DType t) {
   }
 }
 
-// The CUDA emulator stands in for a GPU (kiln is built with the toolkit wherever the fuzzers
-// are); asked once, before anything else asks about CUDA devices.
+// The CUDA emulator stands in for a GPU; asked once, from LLVMFuzzerInitialize, before anything
+// else asks about CUDA devices (the answer is kept for the process).
 bool emulated_device() {
   static const bool available = [] {
     flags().cuda_emulator = true;
-    return cuda::available();
+    const bool yes = cuda::available();
+    if (!yes) std::fprintf(stderr, "fuzz_graph: no emulated CUDA device (%s): CPU runs only\n",
+                           cuda::unavailable_reason().c_str());
+    return yes;
   }();
   return available;
 }
@@ -341,6 +344,11 @@ void compare_bits(const Program& p, const std::string& text, const char* what, c
 }
 
 }  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  emulated_device();
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);

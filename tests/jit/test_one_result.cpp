@@ -176,6 +176,12 @@ Bits run(const std::function<Bits()>& graph, const Schedule& schedule) {
 }
 
 void require_one_result(const std::function<Bits()>& graph) {
+  // The promise is the CPU's (and the emulated device's, which runs the CUDA kernels on the CPU);
+  // on a GPU (the suite again with KILN_USE_CUDA=1) it is not made: docs/guide.md.
+  if (flags().use_cuda && !cuda::emulated()) {
+    WARN("SKIPPED: one result across schedules is promised on the CPU, not on a GPU");
+    return;
+  }
   const Bits reference = run(graph, {"lazy", [] {}});
   REQUIRE(!reference.empty());
   const std::string cache = (std::filesystem::temp_directory_path() /

@@ -22,15 +22,19 @@ constexpr size_t kSplitFunctions = 16;
 class HostRun final : public jit::KernelRun {
  public:
   HostRun(const std::vector<KernelFn>& fns, const std::vector<jit::KernelBinding>& bindings,
-          const std::vector<jit::Kernel>& kernels, const std::vector<double>& scalars, const std::vector<int64_t>& ints)
+          const std::vector<int64_t>& extents, const std::vector<jit::Kernel>& kernels,
+          const std::vector<double>& scalars, const std::vector<int64_t>& ints)
       : fns_(fns), bindings_(bindings), kernels_(kernels) {
-    // The run's bound values are fixed: every kernel's local scalars and Rand pairs, once, end to end.
+    // The run's bound values are fixed: every kernel's local scalars, Rand pairs and extent, once,
+    // end to end.
     size_t most_buffers = 0;
-    for (const jit::KernelBinding& b : bindings) {
+    for (size_t k = 0; k < bindings.size(); ++k) {
+      const jit::KernelBinding& b = bindings[k];
       scalar_start_.push_back(local_scalars_.size());
       for (int slot : b.scalar_slots) local_scalars_.push_back(scalars[static_cast<size_t>(slot)]);
       int_start_.push_back(local_ints_.size());
       for (int slot : b.rand_slots) local_ints_.insert(local_ints_.end(), {ints[slot], ints[slot + 1]});
+      if (extents[k] >= 0) local_ints_.push_back(extents[k]);
       most_buffers = std::max(most_buffers, b.buffer_slots.size());
     }
     local_scalars_.push_back(0);  // a valid pointer for kernels without any
@@ -96,10 +100,11 @@ class HostKernels final : public jit::CompiledKernels {
     for (size_t k = 0; k < kernels.size(); ++k)
       if (cpp.function_of[k] >= 0) fns_[k] = functions[static_cast<size_t>(cpp.function_of[k])];
     bindings_ = std::move(cpp.bindings);
+    extents_ = std::move(cpp.extents);
   }
   std::unique_ptr<jit::KernelRun> start(const std::vector<double>& scalars,
                                         const std::vector<int64_t>& ints) const override {
-    return std::make_unique<HostRun>(fns_, bindings_, kernels_, scalars, ints);
+    return std::make_unique<HostRun>(fns_, bindings_, extents_, kernels_, scalars, ints);
   }
 
  private:
@@ -107,6 +112,7 @@ class HostKernels final : public jit::CompiledKernels {
   std::shared_ptr<CompiledModule> module_;
   std::vector<KernelFn> fns_;                  // per kernel; null for library calls
   std::vector<jit::KernelBinding> bindings_;   // per kernel; empty for library calls
+  std::vector<int64_t> extents_;               // per kernel; -1 where the function has its sizes
 };
 
 }  // namespace

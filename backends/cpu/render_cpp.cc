@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <numeric>
 
 #include "core/error.h"
 #include "backends/cpu/attention_prelude.h"
@@ -37,7 +38,14 @@ static_assert(covers_every_op(kCppPatterns), "every primitive in core/op.h needs
 
 class CppKernelRenderer {
  public:
-  explicit CppKernelRenderer(const Kernel& k) : k_(k) {}
+  explicit CppKernelRenderer(const Kernel& k) : k_(k) {
+    if (!runtime_extent(k)) return;
+    // The extent follows the kernel's Rand pairs (canonical: isc[0, 1], isc[2, 3], ...).
+    int rand_ints = 0;
+    for (const Expr& e : k.exprs)
+      if (e.kind == Expr::Kind::Rand) rand_ints = std::max(rand_ints, e.slot + 2);
+    extent_from_ = rand_ints;
+  }
   std::string render();
 
  private:
@@ -60,7 +68,13 @@ class CppKernelRenderer {
   std::string attention_view(const AttentionOperand& op) const;
   void render_attention(std::string& out) const;
 
+  // Loop l's extent in the text: a constant, or the run-time argument of a flat kernel.
+  std::string extent(size_t l) const {
+    return extent_from_ >= 0 ? std::string("kiln_n") : fmt::format("{}LL", k_.loops[l].extent);
+  }
+
   const Kernel& k_;
+  int extent_from_ = -1;  // where in isc a flat kernel's extent is; -1: sizes are constants
   ValueRenderer values_{k_, kCppPatterns};
 };
 
@@ -137,18 +151,17 @@ void CppKernelRenderer::render_lane_sum(std::string& out, const std::string& ind
 // A whole 1-d float sum: fixed blocks summed in lanes (render_lane_sum), on any thread, then the
 // block sums added in order, so the thread count does not move the result either.
 void CppKernelRenderer::render_blocked_sum(std::string& out, const char* acc_t, bool parallel) const {
-  const int64_t extent = k_.loops[0].extent;
-  constexpr int64_t kMaxBlocks = 4096;
-  int64_t block = 16384;
-  if ((extent + block - 1) / block > kMaxBlocks) block = ((extent + kMaxBlocks - 1) / kMaxBlocks + 15) / 16 * 16;
-  const int64_t blocks = std::max<int64_t>(1, (extent + block - 1) / block);
-  out += fmt::format("  {} kiln_block_sum[{}];\n", acc_t, blocks);
-  if (parallel && blocks > 1) out += "  #pragma omp parallel for\n";
-  out += fmt::format("  for (int64_t kiln_b = 0; kiln_b < {}LL; ++kiln_b) {{\n", blocks);
-  out += fmt::format("    const int64_t kiln_lo = kiln_b * {0}LL, kiln_hi = kiln_lo + {0}LL < {1}LL ? kiln_lo + {0}LL : {1}LL;\n", block, extent);
+  // Blocks of 16384 elements, at most 4096 of them (longer blocks beyond 64M elements).
+  out += fmt::format("  const int64_t kiln_len = {};\n", extent(0));
+  out += "  const int64_t kiln_block = (kiln_len + 16383) / 16384 > 4096 ? ((kiln_len + 4095) / 4096 + 15) / 16 * 16 : 16384;\n";
+  out += "  const int64_t kiln_blocks = kiln_len > kiln_block ? (kiln_len + kiln_block - 1) / kiln_block : 1;\n";
+  out += fmt::format("  {} kiln_block_sum[kiln_blocks];\n", acc_t);
+  if (parallel) out += "  #pragma omp parallel for\n";
+  out += "  for (int64_t kiln_b = 0; kiln_b < kiln_blocks; ++kiln_b) {\n";
+  out += "    const int64_t kiln_lo = kiln_b * kiln_block, kiln_hi = kiln_lo + kiln_block < kiln_len ? kiln_lo + kiln_block : kiln_len;\n";
   render_lane_sum(out, "    ", acc_t, 0, "kiln_lo", "kiln_hi");
   out += "    kiln_block_sum[kiln_b] = kiln_part[0];\n  }\n";
-  out += fmt::format("  {} acc = 0;\n  for (int64_t kiln_b = 0; kiln_b < {}LL; ++kiln_b) acc += kiln_block_sum[kiln_b];\n", acc_t, blocks);
+  out += fmt::format("  {} acc = 0;\n  for (int64_t kiln_b = 0; kiln_b < kiln_blocks; ++kiln_b) acc += kiln_block_sum[kiln_b];\n", acc_t);
   out += fmt::format("  {}[{}] = {};\n", buf(0), idx(k_.store_index), store_value(k_.buffers[0].dtype, "acc"));
 }
 
@@ -204,6 +217,7 @@ std::string CppKernelRenderer::render() {
   for (const Expr& e : k_.exprs)
     if (e.kind == Expr::Kind::Scalar)
       out += fmt::format("  {}\n", scalar_declaration(e.dtype, e.slot));
+  if (extent_from_ >= 0) out += fmt::format("  const int64_t kiln_n = isc[{}];\n", extent_from_);
   out += "  (void)sc; (void)isc; (void)err;\n";
 
   DType out_t = k_.buffers[0].dtype;
@@ -221,7 +235,7 @@ std::string CppKernelRenderer::render() {
     render_attention(out);
   } else if (k_.kind == KernelKind::Elementwise) {
     const Loop& l0 = k_.loops[0];
-    const std::string l0_from = tiled ? "lo" : "0", l0_to = tiled ? "hi" : fmt::format("{}LL", l0.extent);
+    const std::string l0_from = tiled ? "lo" : "0", l0_to = tiled ? "hi" : extent(0);
     if (k_.loops.size() == 1) {
       out += fmt::format("  #pragma omp {}simd\n", parallel_for);
       out += fmt::format("  for (int64_t {0} = {1}; {0} < {2}; ++{0}) {{\n", l0.var, l0_from, l0_to);
@@ -339,6 +353,19 @@ std::string CppKernelRenderer::render() {
 
 }  // namespace
 
+bool runtime_extent(const Kernel& k) {
+  if (k.loops.size() != 1 || k.tiles.buffer >= 0) return false;
+  if (k.kind == KernelKind::Elementwise) return true;
+  // A whole float sum (render_blocked_sum); other reductions keep their constant trip counts.
+  return k.kind == KernelKind::Reduce && !k.column && k.reduce_op == Op::ReduceSum &&
+         is_floating(k.buffers[0].dtype) && k.loops[0].role != Loop::Role::Parallel;
+}
+
+// What instantiating an attention template costs the host compiler, in characters of ordinary
+// kernel text that take it as long (measured with GCC 12 at -O2: ~0.16 s, as ~24 KB of
+// elementwise and reduction kernels). Only used to balance translation units.
+constexpr size_t kAttentionCost = 24000;
+
 CppSource render_cpp(const std::vector<Kernel>& kernels, bool share) {
   CppSource cpp;
   cpp.prelude = std::string(kCpuPrelude) + kMathPrelude + kRandomPrelude;
@@ -348,6 +375,8 @@ CppSource render_cpp(const std::vector<Kernel>& kernels, bool share) {
   const FunctionSharing sharing = share_functions(
       kernels, [](const Kernel& canonical) { return CppKernelRenderer(canonical).render(); }, share, &cpp.bindings);
   cpp.function_of = sharing.function_of;
+  for (const Kernel& k : kernels)
+    cpp.extents.push_back(!is_library(k.kind) && runtime_extent(k) ? k.loops[0].extent : -1);
   // Each function is named after the first kernel it runs; its comment lists every kernel.
   std::vector<std::string> users(sharing.texts.size());
   for (size_t k = 0; k < kernels.size(); ++k)
@@ -357,24 +386,25 @@ CppSource render_cpp(const std::vector<Kernel>& kernels, bool share) {
     cpp.names.push_back(first.name);
     cpp.functions.push_back(fmt::format("// {} (kernels:{})\n{}", first.summary, users[f],
                                         rename_function(sharing.texts[f], first.name)));
+    cpp.costs.push_back(cpp.functions.back().size() + (first.kind == KernelKind::Attention ? kAttentionCost : 0));
   }
   return cpp;
 }
 
 std::vector<std::string> CppSource::translation_units(int count) const {
   const size_t units = std::max<size_t>(1, std::min<size_t>(static_cast<size_t>(std::max(count, 1)), functions.size()));
-  size_t total = 0;
-  for (const std::string& f : functions) total += f.size();
-  std::vector<std::string> sources(units, prelude);
-  size_t done = 0;
-  for (const std::string& f : functions) {
-    // Unit u takes the functions that start in the u-th share of the text.
-    const size_t unit = std::min(units - 1, done * units / std::max<size_t>(total, 1));
-    sources[unit] += "\n" + f;
-    done += f.size();
+  // Longest first, each to the unit with the least work so far: the compilers finish together.
+  std::vector<size_t> order(functions.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return costs[a] > costs[b]; });
+  std::vector<size_t> load(units, 0), unit_of(functions.size(), 0);
+  for (size_t f : order) {
+    const size_t u = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    unit_of[f] = u;
+    load[u] += costs[f];
   }
-  // A share that one long function spans gets nothing; no compiler is started for it.
-  if (units > 1) sources.erase(std::remove(sources.begin(), sources.end(), prelude), sources.end());
+  std::vector<std::string> sources(units, prelude);
+  for (size_t f = 0; f < functions.size(); ++f) sources[unit_of[f]] += "\n" + functions[f];
   return sources;
 }
 

@@ -27,12 +27,20 @@ struct CppSource {
   std::string prelude;                         // helpers every translation unit needs, first
   std::vector<std::string> functions;          // per function: its text
   std::vector<std::string> names;              // per function: its symbol
+  std::vector<size_t> costs;                   // per function: the compiler's work, in characters of text
   std::vector<int> function_of;                // per plan kernel: its function, -1 for library calls
   std::vector<jit::KernelBinding> bindings;    // per plan kernel: where its local indices point
-  // The functions in up to `count` translation units of about equal length, in order, each
-  // after the prelude (for as many compiler processes at once); one when `count` is 1.
+  std::vector<int64_t> extents;                // per plan kernel: the extent its function reads after the Rand pairs, or -1
+  // The functions in up to `count` translation units of about equal cost, each after the prelude
+  // (for as many compiler processes at once; a unit keeps its functions in their order); one
+  // when `count` is 1.
   std::vector<std::string> translation_units(int count) const;
 };
+
+// A kernel of one loop over whole buffers (an elementwise kernel, a whole sum): its function takes
+// the loop's extent at run time, so kernels that differ only in size (an optimizer's update of
+// each parameter) share it.
+bool runtime_extent(const jit::Kernel& k);
 
 // `share` false gives every kernel a function of its own (the reference sharing is tested against).
 CppSource render_cpp(const std::vector<jit::Kernel>& kernels, bool share = true);

@@ -1,11 +1,13 @@
 // Kernels that differ only in the buffers, scalars and seeds they touch share one compiled
 // function (jit/canonical_kernel.h): fewer functions than kernels, the same bits as with every
-// kernel compiled on its own, no sharing between kernels whose code differs (a size, a dtype), and
+// kernel compiled on its own, no sharing between kernels whose code differs (index arithmetic of
+// another size, a dtype) while flat kernels of any size share one, and
 // modules that still load from the disk cache in a fresh process; on CUDA (the emulator in CI),
 // shared functions and row groups with each kernel's own scalars and seeds.
 #include <catch2/catch.hpp>
 #include <kiln/kiln.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -105,6 +107,23 @@ std::vector<float> reference_layer(int64_t cols, double scale, size_t l) {
   return y;
 }
 
+// A whole float sum in kiln's fixed order (render_cpp.cc, render_blocked_sum): blocks of 16384,
+// in each block element i to lane i % 16, lanes folded by halves, block sums added in order.
+float blocked_sum(const std::vector<float>& x) {
+  const size_t n = x.size(), block = 16384;
+  float total = 0;
+  for (size_t lo = 0; lo < std::max<size_t>(n, 1); lo += block) {
+    const size_t hi = std::min(n, lo + block), full = lo + (hi - lo) / 16 * 16;
+    float part[16] = {};
+    for (size_t i = lo; i < full; ++i) part[(i - lo) % 16] += x[i];
+    for (size_t i = full; i < hi; ++i) part[i - full] += x[i];
+    for (size_t w = 8; w > 0; w /= 2)
+      for (size_t j = 0; j < w; ++j) part[j] += part[j + w];
+    total += part[0];
+  }
+  return total;
+}
+
 }  // namespace
 
 TEST_CASE("identical layers on different buffers compile one function each kind", "[jit][shared-functions]") {
@@ -123,19 +142,24 @@ TEST_CASE("identical layers on different buffers compile one function each kind"
 }
 
 TEST_CASE("kernels that differ in a size or a dtype keep their own functions", "[jit][shared-functions]") {
-  // The same elementwise kernel on one more column: the loop bounds differ, nothing may be shared.
-  // (The means of side_by_side would share their last kernel, a division of 4 sums by a scalar.)
+  // A bias added along the last axis: its index arithmetic (the column count) is in the text, so
+  // one more column is other code. (The means of side_by_side would share their last kernel, a
+  // division of 4 sums by a scalar.)
   const Results sizes = run_cold(true, [] {
     Tensor a = from_vector<float>(ramp(4 * 16, 0.01f, -0.5f), {4, 16});
     Tensor b = from_vector<float>(ramp(4 * 17, 0.01f, -0.5f), {4, 17});
-    return std::vector<Tensor>{tanh(a * 2.0 + 1.0), tanh(b * 2.0 + 1.0)};
+    Tensor bias_a = from_vector<float>(ramp(16, 0.02f, 0.1f), {16});
+    Tensor bias_b = from_vector<float>(ramp(17, 0.02f, 0.1f), {17});
+    return std::vector<Tensor>{tanh(a * 2.0 + bias_a), tanh(b * 2.0 + bias_b)};
   });
   CHECK(sizes.kernels == 2);
   CHECK(sizes.functions == 2);
   for (size_t l = 0; l < 2; ++l) {
-    const auto x = ramp(l == 0 ? 64 : 68, 0.01f, -0.5f);
+    const int64_t cols = l == 0 ? 16 : 17;
+    const auto x = ramp(4 * cols, 0.01f, -0.5f), bias = ramp(cols, 0.02f, 0.1f);
     REQUIRE(sizes.values[l].size() == x.size());
-    for (size_t i = 0; i < x.size(); ++i) CHECK(sizes.values[l][i] == Approx(std::tanh(x[i] * 2.0 + 1.0)).epsilon(1e-5));
+    for (size_t i = 0; i < x.size(); ++i)
+      CHECK(sizes.values[l][i] == Approx(std::tanh(x[i] * 2.0 + bias[i % static_cast<size_t>(cols)])).epsilon(1e-5));
   }
 
   const Results dtypes = run_cold(true, [] {
@@ -145,6 +169,40 @@ TEST_CASE("kernels that differ in a size or a dtype keep their own functions", "
   });
   CHECK(dtypes.functions == dtypes.kernels);
   CHECK(dtypes.values[1][0] == Approx(std::exp(0.25) + 1.0));
+}
+
+TEST_CASE("flat kernels of any size share one function that reads its extent", "[jit][shared-functions]") {
+  // An optimizer's update and a gradient norm's squares, once per parameter size: one loop over
+  // whole buffers, so the extent is an argument and sizes share code (short ones run on one
+  // thread, long ones in parallel: two functions per kind at most). Sums keep their blocks of
+  // 16384 in order, so the bits are those of kernels compiled one by one.
+  const std::vector<int64_t> lengths = {7, 128, 16384, 16385, 49152, 70001};
+  auto updates = [&] {
+    std::vector<Tensor> ys;
+    for (size_t l = 0; l < lengths.size(); ++l) {
+      Tensor p = from_vector<float>(ramp(lengths[l], 0.01f, -0.5f + 0.1f * static_cast<float>(l)), {lengths[l]});
+      Tensor g = from_vector<float>(ramp(lengths[l], 0.003f, 0.2f), {lengths[l]});
+      ys.push_back(p - (g * 0.1) / (sqrt(g * g) + 1e-8));
+      ys.push_back((g + 0.5).sum());
+    }
+    return ys;
+  };
+  const Results shared = run_cold(true, updates);
+  const Results alone = run_cold(false, updates);
+  CHECK(shared.kernels == static_cast<int64_t>(2 * lengths.size()));
+  CHECK(shared.functions <= 4);
+  CHECK(alone.functions == alone.kernels);
+  CHECK(shared.values == alone.values);
+  for (size_t l = 0; l < lengths.size(); ++l) {
+    const auto p = ramp(lengths[l], 0.01f, -0.5f + 0.1f * static_cast<float>(l)), g = ramp(lengths[l], 0.003f, 0.2f);
+    const std::vector<float>& update = shared.values[2 * l];
+    REQUIRE(update.size() == p.size());
+    for (size_t i = 0; i < p.size(); ++i)
+      CHECK(update[i] == Approx(p[i] - g[i] * 0.1 / (std::fabs(g[i]) + 1e-8)).margin(1e-5));
+    std::vector<float> shifted(g.size());
+    for (size_t i = 0; i < g.size(); ++i) shifted[i] = g[i] + 0.5f;
+    CHECK(shared.values[2 * l + 1].at(0) == blocked_sum(shifted));
+  }
 }
 
 TEST_CASE("shared functions read each kernel's own random stream", "[jit][shared-functions]") {

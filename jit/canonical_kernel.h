@@ -3,7 +3,8 @@
 // seeds); their canonical forms read everything through kernel-local indices, so the renderers
 // give them the same text, and a backend compiles that text once and binds each kernel's slots
 // at launch. Sizes, constants, dtypes and index arithmetic stay in the text: kernels differing
-// in any of them keep distinct functions.
+// in any of them keep distinct functions (the C++ renderer leaves a flat kernel's extent out of
+// its text: backends/cpu/render_cpp.h runtime_extent).
 //
 //   std::vector<KernelBinding> bindings;
 //   FunctionSharing sharing = share_functions(kernels, [&](const Kernel& canonical) {

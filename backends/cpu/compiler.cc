@@ -120,10 +120,29 @@ const std::string& toolchain_identity() {
   return identity;
 }
 
+// The code of `text`: its lines less those that are only a comment. A kernel's comment names its
+// shape and plan kernels; modules whose code is the same (size-free flat kernels of other shapes,
+// e.g. parameter initializations) then share a key, a compiled module and a disk cache file.
+std::string code_of(const std::string& text) {
+  std::string code;
+  code.reserve(text.size());
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    const size_t first = text.find_first_not_of(' ', at);
+    // (A comment that ends in a backslash would continue onto the next line: kept.)
+    const bool comment = first != std::string::npos && first + 1 < end && text[first] == '/' &&
+                         text[first + 1] == '/' && text[end - 1] != '\\';
+    if (!comment) code.append(text, at, end - at).push_back('\n');
+    at = end + 1;
+  }
+  return code;
+}
+
 std::string module_key(const std::vector<std::string>& units) {
   std::string keyed;
   for (const std::string& unit : units) {
-    keyed += unit;
+    keyed += code_of(unit);
     keyed += '\0';
   }
   keyed += toolchain_identity();

@@ -244,6 +244,27 @@ TEST_CASE("a plan of shared functions loads from the disk cache in a new process
   CHECK(jit::stats().modules_compiled >= 1);
 }
 
+TEST_CASE("plans whose code differs only in sizes and comments share one module", "[jit][shared-functions]") {
+  // Two parameter initializations of other shapes (separate plans): the kernels' comments name
+  // their shapes, the code reads its extent, so the second finds the first's module in memory.
+  ColdJit jit;
+  auto init = [](const Shape& shape) {
+    Tensor t = from_vector<float>(std::vector<float>(static_cast<size_t>(numel(shape)), 0.5f), shape);
+    Tensor y = tanh(t * 3.0 + 1.0);
+    sync({y});
+    return y.to_vector<float>();
+  };
+  const std::vector<float> first = init({384});
+  CHECK(jit::stats().modules_compiled == 1);
+  const std::vector<float> second = init({12, 10});
+  CHECK(jit::stats().modules_compiled == 1);
+  REQUIRE(second.size() == 120);
+  CHECK(second[119] == first[0]);
+  CHECK(second[0] == Approx(std::tanh(2.5)));
+  init({40000});  // long enough for the parallel loop: other code
+  CHECK(jit::stats().modules_compiled == 2);
+}
+
 TEST_CASE("canonical kernels number slots in order of first use", "[jit][shared-functions]") {
   std::vector<Tensor> ys = side_by_side({8, 8}, {3.0, 4.0});
   const jit::Program program = jit::lower_for({ys[0].node(), ys[1].node()});

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/block_cache.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/op.h"
@@ -49,6 +50,11 @@ struct CheckpointSegment {
 };
 
 struct Node : std::enable_shared_from_this<Node> {
+  // User-provided, so `new_node()` does not zero the whole node before the member initializers
+  // run (every member has one; recording pays for each byte written).
+  Node() {}
+  Node(const Node&) = default;
+
   Op op = Op::Input;
   DType dtype = DType::Float32;
   Device device;
@@ -96,6 +102,12 @@ struct Node : std::enable_shared_from_this<Node> {
     return ++counter;
   }
 };
+
+// A new node (arguments as Node's constructors take them), in recycled memory (core/block_cache.h).
+template <class... Args>
+NodePtr new_node(Args&&... args) {
+  return std::allocate_shared<Node>(PooledAllocator<Node>(), std::forward<Args>(args)...);
+}
 
 // A variable: what a Tensor handle refers to. Ops read its current node; assign() points it at a
 // new node, so every handle sharing the variable (a module, its optimizer) sees the update.

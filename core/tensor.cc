@@ -9,7 +9,7 @@ namespace kiln {
 namespace {
 // A copy of `value` that becomes `var`'s node: a fresh id, no holders, and var's gradient role.
 NodePtr node_for_variable(const Node& value, const std::shared_ptr<Var>& var) {
-  auto node = std::make_shared<Node>(value);
+  auto node = new_node(value);
   node->id = Node::next_id();
   node->held = 0;
   node->requires_grad = var->requires_grad;
@@ -27,7 +27,7 @@ std::string_view dtype_in_code(DType t) {
 }
 }  // namespace
 
-Tensor::Tensor(NodePtr node) : var_(std::make_shared<Var>(std::move(node))) {}
+Tensor::Tensor(NodePtr node) : var_(std::allocate_shared<Var>(PooledAllocator<Var>(), std::move(node))) {}
 
 const NodePtr& Tensor::node() const {
   KILN_CHECK(var_ != nullptr, "tensor", "use of an undefined tensor (default-constructed Tensor)");
@@ -99,7 +99,7 @@ Tensor& Tensor::requires_grad_(bool on) {
   const NodePtr& n = node();
   if (on && (!n->grad_leaf || n->var.lock() != var_)) {
     // Gradients flow to this variable from here on: make its current value a leaf of its own.
-    auto leaf = std::make_shared<Node>(*n);
+    auto leaf = new_node(*n);
     leaf->id = Node::next_id();
     leaf->held = 0;
     if (!leaf->realized()) leaf->inputs = n->inputs;
@@ -134,7 +134,7 @@ void Tensor::zero_grad() { var_->grad.reset(); }
 
 Tensor Tensor::detach() const {
   const NodePtr& n = node();
-  auto copy = std::make_shared<Node>(*n);
+  auto copy = new_node(*n);
   copy->id = Node::next_id();
   copy->held = 0;
   copy->requires_grad = false;

@@ -39,7 +39,7 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
 namespace memory {
 
 NodePtr recompute_copy(const Node& node, std::vector<NodePtr> inputs) {
-  auto copy = std::make_shared<Node>();
+  auto copy = new_node();
   copy->op = node.op;
   copy->dtype = node.dtype;
   copy->device = node.device;

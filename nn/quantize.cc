@@ -58,7 +58,7 @@ Tensor quantized_linear(const Tensor& x, const QuantizedWeight& w, const Tensor&
     const Device d = x.device();
     const Tensor bias_on = bias.defined() ? bias.to(d) : Tensor();
     const Tensor poison = (x - x).sum();  // NaN in, NaN out everywhere, as on the host
-    return linear(x, dequantize(QuantizedWeight{w.values.to(d), w.scales.to(d)}).cast(x.dtype()), bias_on) + poison;
+    return linear(x, dequantize(QuantizedWeight{w.values.to(d), w.scales.to(d), Tensor()}).cast(x.dtype()), bias_on) + poison;
   }
   Shape out_shape = x.shape();
   out_shape.back() = N;

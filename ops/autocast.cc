@@ -72,7 +72,7 @@ Tensor low_copy(const Tensor& t, DType low) {
     if (c->realized()) {
       // A copy an optimizer's update wrote: a Cast of the parameter whose value is already
       // there, so that autograd still reaches the parameter through it.
-      auto node = std::make_shared<Node>();
+      auto node = new_node();
       node->op = Op::Cast;
       node->dtype = low;
       node->device = value->device;

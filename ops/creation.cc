@@ -100,7 +100,7 @@ Tensor multinomial(const Tensor& probs, int64_t samples) {
 
 namespace {
 Tensor realized_from_bytes(const void* bytes, DType dtype, Shape shape) {
-  auto node = std::make_shared<Node>();
+  auto node = new_node();
   node->op = Op::Input;
   node->dtype = dtype;
   node->shape = std::move(shape);
@@ -138,7 +138,7 @@ Tensor to_device(const Tensor& t, Device device) {
              "{} has gradient history, which cannot cross devices yet; detach() it, or move the leaves "
              "(parameters) before building the graph", t.str());
   const Tensor src = Tensor(t).realize();
-  auto node = std::make_shared<Node>();
+  auto node = new_node();
   node->op = Op::Input;
   node->dtype = src.dtype();
   node->shape = src.shape();

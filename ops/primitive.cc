@@ -34,7 +34,7 @@ bool generated_only(const Node& n, int depth = 0) {
 }
 
 NodePtr regenerate_on(const NodePtr& n, Device device) {
-  auto copy = std::make_shared<Node>(*n);
+  auto copy = new_node(*n);
   copy->id = Node::next_id();
   copy->held = 0;
   copy->var.reset();
@@ -63,7 +63,7 @@ Tensor record(Op op, DType dtype, Shape shape, std::vector<Tensor> inputs, std::
         if (generated_only(*in.node())) in = follow(in, device);
     }
   }
-  auto node = std::make_shared<Node>();
+  auto node = new_node();
   node->op = op;
   node->dtype = dtype;
   node->shape = std::move(shape);
@@ -73,6 +73,7 @@ Tensor record(Op op, DType dtype, Shape shape, std::vector<Tensor> inputs, std::
     node->device = Device::cuda(0);
   }
   bool needs_grad = false;
+  node->inputs.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     const NodePtr& in = inputs[i].node();
     if (i > 0)

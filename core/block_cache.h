@@ -1,8 +1,8 @@
 // Recycled memory for the lazy graph's nodes and variables. A training step records and then
 // frees hundreds of them at once, more than glibc's per-thread cache keeps (7 blocks per size),
 // so most allocations went through malloc's slow paths; each thread here keeps up to 4096 blocks
-// of each pooled type. Any thread may free any block. Sanitizer builds use plain new/delete, so
-// ASan still sees a node used after it was freed.
+// of each pooled type. Any thread may free any block. Sanitizer builds (and -DKILN_NO_BLOCK_CACHE,
+// for Valgrind) use plain new/delete, so a node used after it was freed is still caught.
 #pragma once
 #include <cstddef>
 #include <memory>
@@ -10,7 +10,8 @@
 
 namespace kiln {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(__SANITIZE_HWADDRESS__) || \
+    defined(KILN_NO_BLOCK_CACHE)
 inline constexpr bool kPoolBlocks = false;
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
@@ -29,8 +30,9 @@ class BlockCache {
 
  public:
   static void* take() {
+    if (!kPoolBlocks || finished()) return ::operator new(Size);
     List& list = local();
-    if (!kPoolBlocks || list.head == nullptr) return ::operator new(Size);
+    if (list.head == nullptr) return ::operator new(Size);
     void* block = list.head;
     list.head = *static_cast<void**>(block);
     --list.count;

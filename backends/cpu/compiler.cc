@@ -120,20 +120,27 @@ const std::string& toolchain_identity() {
   return identity;
 }
 
-// The code of `text`: its lines less those that are only a comment. A kernel's comment names its
-// shape and plan kernels; modules whose code is the same (size-free flat kernels of other shapes,
-// e.g. parameter initializations) then share a key, a compiled module and a disk cache file.
-std::string code_of(const std::string& text) {
+// Whether `line` ends in a backslash, which continues it onto the next line (GCC allows blanks
+// after the backslash).
+bool continues(std::string_view line) {
+  const size_t last = line.find_last_not_of(" \t\r");
+  return last != std::string_view::npos && line[last] == '\\';
+}
+
+// `text` without its note lines (kNotePrefix), which name a kernel's shape: plans of the same code
+// (size-free flat kernels of other shapes, e.g. parameter initializations) then share a key, a
+// compiled module and a disk cache file.
+std::string code_of(std::string_view text) {
   std::string code;
   code.reserve(text.size());
+  bool continued = false;  // the previous line ends in a backslash
   for (size_t at = 0; at < text.size();) {
     size_t end = text.find('\n', at);
-    if (end == std::string::npos) end = text.size();
-    const size_t first = text.find_first_not_of(' ', at);
-    // (A comment that ends in a backslash would continue onto the next line: kept.)
-    const bool comment = first != std::string::npos && first + 1 < end && text[first] == '/' &&
-                         text[first + 1] == '/' && text[end - 1] != '\\';
-    if (!comment) code.append(text, at, end - at).push_back('\n');
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view line = text.substr(at, end - at);
+    const bool note = !continued && line.substr(0, kNotePrefix.size()) == kNotePrefix && !continues(line);
+    if (!note) code.append(line).push_back('\n');
+    continued = continues(line);
     at = end + 1;
   }
   return code;

@@ -39,6 +39,11 @@ class CompiledModule {
   std::vector<std::string> paths_;
 };
 
+// Lines that start with this are notes for readers (render_cpp puts a kernel's shape and plan
+// kernels there): the module key leaves them out, so modules that differ only in notes are one
+// module. Kept in the key after a line that a backslash continues, or when one ends in a backslash.
+inline constexpr std::string_view kNotePrefix = "//~ ";
+
 // Compiles `source`, one translation unit holding `kernel_count` kernels, into a shared object,
 // or reuses it from the in-memory cache or the on-disk cache. Thread-safe; throws kiln::Error with
 // the compiler's output when compilation fails.

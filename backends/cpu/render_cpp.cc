@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "backends/cpu/attention_prelude.h"
+#include "backends/cpu/compiler.h"
 #include "backends/cpu/cpu_prelude.h"
 #include "jit/canonical_kernel.h"
 #include "jit/math_prelude.h"
@@ -384,9 +385,9 @@ CppSource render_cpp(const std::vector<Kernel>& kernels, bool share) {
   for (size_t f = 0; f < sharing.texts.size(); ++f) {
     const Kernel& first = kernels[sharing.first_kernel[f]];
     cpp.names.push_back(first.name);
-    cpp.functions.push_back(fmt::format("// {} (kernels:{})\n{}", first.summary, users[f],
+    cpp.functions.push_back(fmt::format("{}{} (kernels:{})\n{}", kNotePrefix, first.summary, users[f],
                                         rename_function(sharing.texts[f], first.name)));
-    cpp.costs.push_back(cpp.functions.back().size() + (first.kind == KernelKind::Attention ? kAttentionCost : 0));
+    cpp.costs.push_back(sharing.texts[f].size() + (first.kind == KernelKind::Attention ? kAttentionCost : 0));
   }
   return cpp;
 }

@@ -244,9 +244,36 @@ TEST_CASE("a plan of shared functions loads from the disk cache in a new process
   CHECK(jit::stats().modules_compiled >= 1);
 }
 
-TEST_CASE("plans whose code differs only in sizes and comments share one module", "[jit][shared-functions]") {
-  // Two parameter initializations of other shapes (separate plans): the kernels' comments name
-  // their shapes, the code reads its extent, so the second finds the first's module in memory.
+TEST_CASE("flat kernels with random streams read their extent after every Rand pair", "[jit][shared-functions]") {
+  // x * rand + randn: one flat kernel with two Rand pairs (isc[0..3]), its extent at isc[4];
+  // rand and randn realized on their own afterwards (one pair each, extent at isc[2]) give the
+  // same streams, element for element.
+  ColdJit jit;
+  for (int64_t n : {100, 5000, 40000}) {
+    manual_seed(11);
+    Tensor x = from_vector<float>(ramp(n, 0.01f, -0.4f), {n});
+    Tensor u = rand({n}), z = randn({n});
+    Tensor y = x * u + z;
+    sync({y});
+    const std::vector<float> ys = y.to_vector<float>(), us = u.to_vector<float>(), zs = z.to_vector<float>();
+    const std::vector<float> xs = ramp(n, 0.01f, -0.4f);
+    REQUIRE(ys.size() == static_cast<size_t>(n));
+    for (size_t i = 0; i < ys.size(); ++i) {
+      CHECK(us[i] >= 0.0f);
+      CHECK(us[i] < 1.0f);
+      CHECK(ys[i] == Approx(xs[i] * us[i] + zs[i]).margin(1e-6));
+    }
+    CHECK(us.front() != us.back());
+    CHECK(zs.front() != zs.back());
+  }
+  // 5000 elements run the code of 100 (on one thread): no module of its own.
+  CHECK(jit::stats().modules_compiled <= 6);
+}
+
+TEST_CASE("plans whose code differs only in sizes and notes share one module", "[jit][shared-functions]") {
+  // Two parameter initializations of other shapes (separate plans): the kernels' note lines
+  // (compiler.h kNotePrefix) name their shapes, the code reads its extent, so the second finds
+  // the first's module in memory.
   ColdJit jit;
   auto init = [](const Shape& shape) {
     Tensor t = from_vector<float>(std::vector<float>(static_cast<size_t>(numel(shape)), 0.5f), shape);

@@ -266,3 +266,21 @@ TEST_CASE("jit reports the unit the compiler failed on and keeps no part", "[jit
   CHECK(stats().modules_compiled == 0);
   for (const std::string& name : file_names(jit.cache_dir)) CHECK(name.find(".so") == std::string::npos);
 }
+
+TEST_CASE("jit keys modules by their code, leaving out note lines", "[jit]") {
+  FreshJit jit;
+  const std::string body = "extern \"C\" int add1(int x) { return x + 1; }\n";
+  auto first = compile_cached(std::string(kiln::cpu::kNotePrefix) + "Add [384] (kernels: k0)\n" + body, 1);
+  auto second = compile_cached(std::string(kiln::cpu::kNotePrefix) + "Add [12, 10] (kernels: k0)\n" + body, 1);
+  CHECK(first == second);
+  CHECK(stats().modules_compiled == 1);
+  CHECK(call(*second, "add1", 41) == 42);
+  // A plain comment is part of the key; so is a note that a backslash continues, or that
+  // continues a line (it would splice the following lines otherwise).
+  auto commented = compile_cached("// Add [384]\n" + body, 1);
+  CHECK(commented != first);
+  auto spliced = compile_cached("#define ONE 1 \\\n" + std::string(kiln::cpu::kNotePrefix) + "note\n" + body, 1);
+  CHECK(spliced->key() != first->key());
+  CHECK(call(*spliced, "add1", 1) == 2);
+  CHECK(stats().modules_compiled == 3);
+}

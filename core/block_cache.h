@@ -48,7 +48,7 @@ class BlockCache {
         return;
       }
     }
-    ::operator delete(block, Size);
+    ::operator delete(block);
   }
 
  private:
@@ -60,7 +60,7 @@ class BlockCache {
       finished() = true;  // blocks freed later (static objects at exit) go straight back
       while (head != nullptr) {
         void* next = *static_cast<void**>(head);
-        ::operator delete(head, Size);
+        ::operator delete(head);
         head = next;
       }
     }

@@ -67,7 +67,13 @@ Grads pow_grad(const NodePtr& n, const Tensor& g) {
 Grads max_min_grad(const NodePtr& n, const Tensor& g, bool is_max) {
   Tensor a = in(n, 0), b = in(n, 1);
   const Node& bn = *n->inputs[1];
-  if (bn.op == Op::Full && !bn.requires_grad) {
+  // The constant is a Full of the result's shape when recorded lazily; eager mode realizes the
+  // Full first and broadcasts it through a reshape and an expand (the same rule applies, or eager
+  // relu would split ties).
+  const Node* source = &bn;
+  while ((source->op == Op::Expand || source->op == Op::Reshape) && source->inputs.size() == 1)
+    source = source->inputs[0].get();
+  if (source->op == Op::Full && !bn.requires_grad) {
     // Against a constant (relu, clamp): a wins exactly where the result differs from the
     // constant, so the backward reads the result, which the next layer keeps anyway, instead of
     // keeping the input alive too. Ties get 0, as PyTorch's relu gives.

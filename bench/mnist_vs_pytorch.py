@@ -49,6 +49,8 @@ def main():
     p.add_argument("--runs", type=int, default=3, help="runs of each framework (medians are reported)")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--max-steps", type=int, default=-1,
+                   help="stop both after this many steps (-1: whole epochs); e.g. --batch 1 --max-steps 3000 for latency")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--kiln", default=os.path.join(ROOT, "build", "samples", "train_mnist"),
@@ -66,8 +68,9 @@ def main():
     common = ["--model", args.model, "--epochs", str(args.epochs), "--batch", str(args.batch), "--seed", str(args.seed)]
     if args.data:
         common += ["--data", args.data]
-    kiln_cmd = [args.kiln] + common
-    torch_cmd = [sys.executable, os.path.join(ROOT, "bench", "pytorch_mnist.py"), "--threads", threads] + common
+    steps = ["--max-steps", str(args.max_steps)] if args.max_steps >= 0 else []
+    kiln_cmd = [args.kiln] + common + steps
+    torch_cmd = [sys.executable, os.path.join(ROOT, "bench", "pytorch_mnist.py"), "--threads", threads] + common + steps
 
     print(torch_config())
     print(f"model {args.model}, batch {args.batch}, {args.epochs} epoch(s), seed {args.seed}, {threads} threads, "

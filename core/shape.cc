@@ -4,6 +4,41 @@
 
 namespace kiln {
 
+int64_t& Shape::at(size_t i) {
+  KILN_CHECK(i < size_, "shape", "index {} is out of range for {} (rank {})", i, shape_str(*this), size_);
+  return data_[i];
+}
+const int64_t& Shape::at(size_t i) const { return const_cast<Shape*>(this)->at(i); }
+
+void Shape::grow(size_t n) {
+  n = std::max<size_t>(n, kInline);
+  auto* bigger = new int64_t[n];
+  std::copy(begin(), end(), bigger);
+  if (on_heap()) delete[] data_;
+  data_ = bigger;
+  capacity_ = static_cast<uint32_t>(n);
+}
+
+void Shape::open_gap(size_t at, size_t n) {
+  reserve(size_ + n);
+  std::copy_backward(data_ + at, data_ + size_, data_ + size_ + n);
+  size_ += static_cast<uint32_t>(n);
+}
+
+Shape::iterator Shape::insert(const_iterator pos, size_t n, int64_t v) {
+  const size_t at = static_cast<size_t>(pos - begin());
+  open_gap(at, n);
+  std::fill(data_ + at, data_ + at + n, v);
+  return data_ + at;
+}
+
+Shape::iterator Shape::erase(const_iterator first, const_iterator last) {
+  const size_t at = static_cast<size_t>(first - begin()), n = static_cast<size_t>(last - first);
+  std::copy(data_ + at + n, data_ + size_, data_ + at);
+  size_ -= static_cast<uint32_t>(n);
+  return data_ + at;
+}
+
 int64_t numel(const Shape& s) {
   int64_t n = 1;
   for (int64_t d : s)

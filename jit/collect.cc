@@ -163,7 +163,7 @@ std::string structural_key(PendingGraph& g, uint64_t walk) {
     std::memcpy(key.data() + used, &v, sizeof v);
     used += sizeof v;
   };
-  auto put_list = [&](const std::vector<int64_t>& values) __attribute__((always_inline)) {
+  auto put_list = [&](const auto& values) __attribute__((always_inline)) {
     put(static_cast<int64_t>(values.size()));
     for (int64_t v : values) put(v);
   };

@@ -52,6 +52,7 @@ def main():
     p.add_argument("--max-steps", type=int, default=-1,
                    help="stop both after this many steps (-1: whole epochs); e.g. --batch 1 --max-steps 3000 for latency")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=0.05, help="peak learning rate (smaller for small batches)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--kiln", default=os.path.join(ROOT, "build", "samples", "train_mnist"),
                    help="the train_mnist binary (default: build/samples/train_mnist)")
@@ -65,7 +66,8 @@ def main():
 
     threads = str(args.threads)
     env = thread_env(args.threads)
-    common = ["--model", args.model, "--epochs", str(args.epochs), "--batch", str(args.batch), "--seed", str(args.seed)]
+    common = ["--model", args.model, "--epochs", str(args.epochs), "--batch", str(args.batch), "--seed", str(args.seed),
+              "--lr", str(args.lr)]
     if args.data:
         common += ["--data", args.data]
     steps = ["--max-steps", str(args.max_steps)] if args.max_steps >= 0 else []

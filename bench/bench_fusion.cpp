@@ -1,10 +1,13 @@
 // bench_fusion: bandwidth of one fused elementwise kernel, y = gelu(x * a + b) * c over 16M
 // float32, against std::memcpy of the same bytes measured in the same run.
 //
-// Two variants:
+// Three variants:
 //   scalars  a, b, c are plain numbers (bound at run time, a changes every iteration): the
 //            kernel reads x and writes y, 64 MiB + 64 MiB, the traffic of a 64 MiB memcpy.
 //   tensors  a, b, c are float32 tensors shaped like x: the kernel reads 4 x 64 MiB, writes 64 MiB.
+//   x*a+b    y = x * a + b with scalars: the same traffic as `scalars` without GELU's arithmetic.
+// Outputs larger than the last-level cache are written with non-temporal stores;
+// KILN_STREAM_BYTES=0 switches that off for comparison.
 // GB/s counts each input read once and the output written once (1 GB = 1e9 bytes). Every
 // iteration records a new graph over realized inputs (rotating through three sets, so no result
 // can be reused) and realizes it: a plan cache hit that really runs the kernel. The figure is
@@ -111,6 +114,7 @@ Samples memset_samples(int iterations, bool fresh) {
 struct Variant {
   const char* name;
   bool tensor_operands;
+  bool linear = false;  // y = x * a + b: no GELU, so nothing but memory traffic bounds it
   double bytes() const { return (tensor_operands ? 5.0 : 2.0) * kBytes; }
 };
 
@@ -133,6 +137,7 @@ FusedRun fused_samples(const Variant& variant, int iterations) {
   auto run = [&](int i) {
     const std::vector<kiln::Tensor>& in = inputs[i % kInputSets];
     kiln::Tensor y = variant.tensor_operands ? kiln::gelu(in[0] * in[1] + in[2]) * in[3]
+                     : variant.linear        ? in[0] * (1.5 + 0.01 * i) + 0.25
                                              : kiln::gelu(in[0] * (1.5 + 0.01 * i) + 0.25) * 0.75;
     y.realize();
     benchmark::DoNotOptimize(y.data());
@@ -161,7 +166,9 @@ int main(int argc, char** argv) {
   fmt::print("bench_fusion: y = gelu(x * a + b) * c, {} float32 ({} MiB per tensor), {} iterations, {} threads\n\n",
              kElements, kBytes >> 20, iterations, threads);
 
-  const Variant variants[] = {{"fused, a/b/c scalars (128 MiB)", false}, {"fused, a/b/c tensors (320 MiB)", true}};
+  const Variant variants[] = {{"fused, a/b/c scalars (128 MiB)", false},
+                              {"fused, a/b/c tensors (320 MiB)", true},
+                              {"y = x * a + b, scalars (128 MiB)", false, true}};
   Samples copy1 = memcpy_samples(iterations, 1);
   std::vector<FusedRun> fused;
   for (const Variant& v : variants) fused.push_back(fused_samples(v, iterations));
@@ -202,7 +209,7 @@ int main(int argc, char** argv) {
     fmt::print("target: fused GB/s >= {:.2f} x {}-thread memcpy GB/s ({:.2f} GB/s):", kTargetRatioThreads, threads,
                baseline_threads);
     for (size_t i = 0; i < fused.size(); ++i)
-      fmt::print(" {} {:.2f}x", variants[i].tensor_operands ? "tensors" : "scalars",
+      fmt::print(" {} {:.2f}x", variants[i].tensor_operands ? "tensors" : variants[i].linear ? "x*a+b" : "scalars",
                  gbps(variants[i].bytes(), median(fused[i].times)) / baseline_threads);
     fmt::print(", {}\n", met_threads ? "met" : "MISSED");
   }

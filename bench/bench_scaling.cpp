@@ -54,6 +54,20 @@ double step_ms(int64_t batch, int64_t width, double seconds) {
   return ms[ms.size() / 2];
 }
 
+// kiln's float32 matmul rate on (n, n) x (n, n), GFLOP/s: the median of `reps` products.
+double gemm_gflops(int64_t n = 1024, int reps = 20) {
+  Tensor a = kiln::rand({n, n}).realize(), b = kiln::rand({n, n}).realize();
+  kiln::matmul(a, b).realize();
+  std::vector<double> s;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    kiln::matmul(a, b).realize();
+    s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::nth_element(s.begin(), s.begin() + reps / 2, s.end());
+  return 2.0 * static_cast<double>(n * n * n) / s[reps / 2] / 1e9;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -63,7 +77,13 @@ int main(int argc, char** argv) {
   app.add_option("--batches,--batch", batches, "batch sizes, comma-separated")->delimiter(',')->check(CLI::PositiveNumber);
   app.add_option("--widths,--width", widths, "hidden widths, comma-separated")->delimiter(',')->check(CLI::PositiveNumber);
   app.add_option("--seconds", seconds, "time measured per configuration")->check(CLI::PositiveNumber);
+  bool gemm_rate = false;
+  app.add_flag("--gemm-rate", gemm_rate, "print kiln's float32 matmul rate on 1024^3 (gemm,GFLOP/s) and stop");
   CLI11_PARSE(app, argc, argv);
+  if (gemm_rate) {
+    fmt::print("gemm,{:.1f}\n", gemm_gflops());
+    return 0;
+  }
   fmt::print("framework,batch,width,step_ms\n");
   for (int64_t width : widths)
     for (int64_t batch : batches) fmt::print("kiln,{},{},{:.4f}\n", batch, width, step_ms(batch, width, seconds));

@@ -193,6 +193,7 @@ std::string structural_key(PendingGraph& g, uint64_t walk) {
   }
   // Flags that change the program lowered from the same graph.
   put(flags().tiled_updates ? -3 : -4);
+  put(flags().stream_bytes);  // the CPU renderer's non-temporal stores (backends/cpu/render_cpp.h)
   // Offload (jit/offload.h) changes a device plan: its mode, and under auto the budget it meets.
   if (!g.nodes.empty() && g.nodes.front()->device.is_cuda()) {
     put(flags().deterministic ? -8 : -9);  // scatter kernels rendered without atomics

@@ -2,10 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <numeric>
 
 #include "core/error.h"
+#include "core/flags.h"
 #include "backends/cpu/attention_prelude.h"
 #include "backends/cpu/compiler.h"
 #include "backends/cpu/cpu_prelude.h"
@@ -68,6 +71,7 @@ class CppKernelRenderer {
   void render_blocked_sum(std::string& out, const char* acc_t, bool parallel) const;
   std::string attention_view(const AttentionOperand& op) const;
   void render_attention(std::string& out) const;
+  void render_streamed(std::string& out) const;
 
   // Loop l's extent in the text: a constant, or the run-time argument of a flat kernel.
   std::string extent(size_t l) const {
@@ -192,6 +196,32 @@ void CppKernelRenderer::render_attention(std::string& out) const {
   out += fmt::format("      ({}){:.17g});\n", t, a.scale);
 }
 
+// A flat elementwise kernel whose output is at least KILN_STREAM_BYTES (flags().stream_bytes:
+// the last-level cache) writes it with non-temporal stores: each thread computes 1024 elements
+// into a tile on its stack and streams the tile out (kiln_stream), so the output's lines are not
+// read into the cache first only to be evicted. Smaller outputs stay cached for their readers and
+// take the plain loop after this block. The values are those of the plain loop, element by element.
+void CppKernelRenderer::render_streamed(std::string& out) const {
+  const Loop& l0 = k_.loops[0];
+  const char* t = storage_type(k_.buffers[0].dtype);
+  out += fmt::format("  if (KILN_STREAM_BYTES > 0 && {0} * (int64_t)sizeof({1}) >= KILN_STREAM_BYTES && ((uintptr_t){2} & 63) == 0) {{\n",
+                     extent(0), t, buf(0));
+  out += "    #pragma omp parallel\n    {\n";
+  out += "      #pragma omp for schedule(static) nowait\n";
+  out += fmt::format("      for (int64_t kiln_c = 0; kiln_c < {0}; kiln_c += 1024) {{\n", extent(0));
+  out += fmt::format("        {} kiln_tile[1024] __attribute__((aligned(64)));\n", t);
+  out += fmt::format("        const int64_t kiln_end = {0} - kiln_c < 1024 ? {0} : kiln_c + 1024;\n", extent(0));
+  out += "        #pragma omp simd\n";
+  out += fmt::format("        for (int64_t {0} = kiln_c; {0} < kiln_end; ++{0}) {{\n", l0.var);
+  emit_values(out, "          ");
+  out += fmt::format("          kiln_tile[{} - kiln_c] = {};\n", l0.var, store(k_.buffers[0].dtype, k_.value));
+  out += "        }\n";
+  out += fmt::format("        kiln_stream({} + kiln_c, kiln_tile, (kiln_end - kiln_c) * (int64_t)sizeof({}));\n", buf(0), t);
+  out += "      }\n";
+  out += "      __builtin_ia32_sfence();  // the streamed lines are visible before the team's barrier\n";
+  out += "    }\n    return;\n  }\n";
+}
+
 std::string CppKernelRenderer::render() {
   std::string out;
   if (!k_.summary.empty()) out += fmt::format("// {}\n", k_.summary);
@@ -238,6 +268,7 @@ std::string CppKernelRenderer::render() {
     const Loop& l0 = k_.loops[0];
     const std::string l0_from = tiled ? "lo" : "0", l0_to = tiled ? "hi" : extent(0);
     if (k_.loops.size() == 1) {
+      if (parallel && !tiled && k_.side_stores.empty() && idx(k_.store_index) == l0.var) render_streamed(out);
       out += fmt::format("  #pragma omp {}simd\n", parallel_for);
       out += fmt::format("  for (int64_t {0} = {1}; {0} < {2}; ++{0}) {{\n", l0.var, l0_from, l0_to);
       emit_values(out, "    ");
@@ -354,6 +385,16 @@ std::string CppKernelRenderer::render() {
 
 }  // namespace
 
+int64_t stream_threshold_bytes() {
+  const int64_t flag = flags().stream_bytes;
+  if (flag >= 0) return flag;
+  static const int64_t llc = [] {
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return static_cast<int64_t>(l3 > 0 ? l3 : l2 > 0 ? 8 * l2 : 32L << 20);
+  }();
+  return llc;
+}
+
 bool runtime_extent(const Kernel& k) {
   if (k.loops.size() != 1 || k.tiles.buffer >= 0) return false;
   if (k.kind == KernelKind::Elementwise) return true;
@@ -369,7 +410,8 @@ constexpr size_t kAttentionCost = 24000;
 
 CppSource render_cpp(const std::vector<Kernel>& kernels, bool share) {
   CppSource cpp;
-  cpp.prelude = std::string(kCpuPrelude) + kMathPrelude + kRandomPrelude;
+  cpp.prelude = std::string(kCpuPrelude) + kMathPrelude + kRandomPrelude +
+                fmt::format("#define KILN_STREAM_BYTES {}LL\n", stream_threshold_bytes());
   // Only a plan with attention pays for compiling its templates.
   if (std::any_of(kernels.begin(), kernels.end(), [](const Kernel& k) { return k.kind == KernelKind::Attention; }))
     cpp.prelude += kAttentionPrelude;

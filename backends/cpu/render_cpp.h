@@ -42,6 +42,10 @@ struct CppSource {
 // each parameter) share it.
 bool runtime_extent(const jit::Kernel& k);
 
+// Outputs of flat kernels with at least this many bytes are written with non-temporal stores:
+// flags().stream_bytes, or when it is -1 the last-level cache's size (0: never).
+int64_t stream_threshold_bytes();
+
 // `share` false gives every kernel a function of its own (the reference sharing is tested against).
 CppSource render_cpp(const std::vector<jit::Kernel>& kernels, bool share = true);
 

@@ -86,26 +86,22 @@ static inline float kiln_erff(float x) {
 // (a third of the traffic of y = f(x)). `dst` is 64-byte aligned. Callers fence once at the end.
 static inline void kiln_stream(void* dst, const void* src, int64_t bytes) {
   int64_t j = 0;
+#if defined(__AVX512F__) || defined(__AVX__)
 #if defined(__AVX512F__)
-  typedef long long kiln_v64 __attribute__((vector_size(64)));
-  for (; j + 64 <= bytes; j += 64) {
-    kiln_v64 v;
-    __builtin_memcpy(&v, (const char*)src + j, 64);
-#if defined(__clang__)
-    __builtin_nontemporal_store(v, (kiln_v64*)((char*)dst + j));
+#define KILN_NT_BYTES 64
 #else
-    __builtin_ia32_movntdq512((kiln_v64*)((char*)dst + j), v);
+#define KILN_NT_BYTES 32
 #endif
-  }
-#elif defined(__AVX__)
-  typedef long long kiln_v32 __attribute__((vector_size(32)));
-  for (; j + 32 <= bytes; j += 32) {
-    kiln_v32 v;
-    __builtin_memcpy(&v, (const char*)src + j, 32);
+  typedef long long kiln_vnt __attribute__((vector_size(KILN_NT_BYTES)));
+  for (; j + KILN_NT_BYTES <= bytes; j += KILN_NT_BYTES) {
+    kiln_vnt v;
+    __builtin_memcpy(&v, (const char*)src + j, KILN_NT_BYTES);
 #if defined(__clang__)
-    __builtin_nontemporal_store(v, (kiln_v32*)((char*)dst + j));
+    __builtin_nontemporal_store(v, (kiln_vnt*)((char*)dst + j));
+#elif defined(__AVX512F__)
+    __builtin_ia32_movntdq512((kiln_vnt*)((char*)dst + j), v);
 #else
-    __builtin_ia32_movntdq256((kiln_v32*)((char*)dst + j), v);
+    __builtin_ia32_movntdq256((kiln_vnt*)((char*)dst + j), v);
 #endif
   }
 #endif

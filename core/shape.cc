@@ -1,5 +1,8 @@
 #include "core/shape.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include "core/error.h"
 
 namespace kiln {
@@ -10,7 +13,13 @@ int64_t& Shape::at(size_t i) {
 }
 const int64_t& Shape::at(size_t i) const { return const_cast<Shape*>(this)->at(i); }
 
+void Shape::index_fault(size_t i) const {
+  std::fprintf(stderr, "kiln: Shape index %zu out of range for rank %u\n", i, size_);
+  std::abort();
+}
+
 void Shape::grow(size_t n) {
+  KILN_CHECK(n <= UINT32_MAX, "shape", "{} extents are more than a shape holds", n);
   n = std::max<size_t>(n, kInline);
   auto* bigger = new int64_t[n];
   std::copy(begin(), end(), bigger);

@@ -11,6 +11,19 @@
 
 namespace kiln {
 
+// Under AddressSanitizer, Shape checks its indices: extents live inside the object, where an
+// out-of-range read would not reach a redzone as it did past a std::vector's exact-size block.
+#if defined(__SANITIZE_ADDRESS__)
+#define KILN_SHAPE_CHECKED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KILN_SHAPE_CHECKED 1
+#endif
+#endif
+#ifndef KILN_SHAPE_CHECKED
+#define KILN_SHAPE_CHECKED 0
+#endif
+
 // The extents of a tensor: std::vector<int64_t>'s interface, with up to kInline extents held in
 // the object itself. Every op records a few shapes, and with a heap block each they were most of
 // a cached step's allocations. Converts to and from std::vector<int64_t> implicitly.
@@ -76,8 +89,14 @@ class Shape {
   int64_t* data() noexcept { return data_; }
   const int64_t* data() const noexcept { return data_; }
 
-  int64_t& operator[](size_t i) { return data_[i]; }
-  const int64_t& operator[](size_t i) const { return data_[i]; }
+  int64_t& operator[](size_t i) {
+    if (KILN_SHAPE_CHECKED && i >= size_) index_fault(i);
+    return data_[i];
+  }
+  const int64_t& operator[](size_t i) const {
+    if (KILN_SHAPE_CHECKED && i >= size_) index_fault(i);
+    return data_[i];
+  }
   int64_t& at(size_t i);
   const int64_t& at(size_t i) const;
   int64_t& front() { return data_[0]; }
@@ -164,6 +183,7 @@ class Shape {
   }
   void grow(size_t n);
   void open_gap(size_t at, size_t n);
+  [[noreturn]] void index_fault(size_t i) const;  // prints both numbers and aborts (sanitizer builds)
 
   int64_t* data_ = inline_;
   uint32_t size_ = 0;

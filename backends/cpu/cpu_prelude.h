@@ -107,6 +107,13 @@ static inline void kiln_stream(void* dst, const void* src, int64_t bytes) {
 #endif
   __builtin_memcpy((char*)dst + j, (const char*)src + j, (unsigned long)(bytes - j));
 }
+static inline void kiln_sfence(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_sfence();
+#else
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
+}
 static inline int64_t kiln_check_index(int64_t j, int64_t extent, int64_t* err) {
   if (j < 0 || j >= extent) { __atomic_store_n(err, j == INT64_MIN ? -1 : j, __ATOMIC_RELAXED); __atomic_store_n(err + 1, 1, __ATOMIC_RELAXED); return 0; }
   return j;

@@ -204,7 +204,9 @@ void CppKernelRenderer::render_attention(std::string& out) const {
 void CppKernelRenderer::render_streamed(std::string& out) const {
   const Loop& l0 = k_.loops[0];
   const char* t = storage_type(k_.buffers[0].dtype);
-  out += fmt::format("  if (KILN_STREAM_BYTES > 0 && {0} * (int64_t)sizeof({1}) >= KILN_STREAM_BYTES && ((uintptr_t){2} & 63) == 0) {{\n",
+  // Without AVX kiln_stream is a plain copy: the tile would only add one.
+  out += "#if defined(__AVX__)\n";
+  out += fmt::format("  if ({0} * (int64_t)sizeof({1}) >= KILN_STREAM_BYTES && ((uintptr_t){2} & 63) == 0) {{\n",
                      extent(0), t, buf(0));
   out += "    #pragma omp parallel\n    {\n";
   out += "      #pragma omp for schedule(static) nowait\n";
@@ -218,8 +220,8 @@ void CppKernelRenderer::render_streamed(std::string& out) const {
   out += "        }\n";
   out += fmt::format("        kiln_stream({} + kiln_c, kiln_tile, (kiln_end - kiln_c) * (int64_t)sizeof({}));\n", buf(0), t);
   out += "      }\n";
-  out += "      __builtin_ia32_sfence();  // the streamed lines are visible before the team's barrier\n";
-  out += "    }\n    return;\n  }\n";
+  out += "      kiln_sfence();  // the streamed lines are visible before the team's barrier\n";
+  out += "    }\n    return;\n  }\n#endif\n";
 }
 
 std::string CppKernelRenderer::render() {
@@ -268,7 +270,8 @@ std::string CppKernelRenderer::render() {
     const Loop& l0 = k_.loops[0];
     const std::string l0_from = tiled ? "lo" : "0", l0_to = tiled ? "hi" : extent(0);
     if (k_.loops.size() == 1) {
-      if (parallel && !tiled && k_.side_stores.empty() && idx(k_.store_index) == l0.var) render_streamed(out);
+      if (parallel && !tiled && k_.side_stores.empty() && idx(k_.store_index) == l0.var && stream_threshold_bytes() > 0)
+        render_streamed(out);
       out += fmt::format("  #pragma omp {}simd\n", parallel_for);
       out += fmt::format("  for (int64_t {0} = {1}; {0} < {2}; ++{0}) {{\n", l0.var, l0_from, l0_to);
       emit_values(out, "    ");

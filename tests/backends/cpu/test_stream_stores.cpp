@@ -71,6 +71,7 @@ TEST_CASE("only parallel flat kernels with one output render the streamed path",
   FlagsGuard guard;
   flags().stream_bytes = 0;
   CHECK(cpu::stream_threshold_bytes() == 0);
+  CHECK(source_of(big * 2.0 + 1.0).find("kiln_stream(") == std::string::npos);  // off: not even rendered
   flags().stream_bytes = 4096;
   CHECK(cpu::stream_threshold_bytes() == 4096);
 }

@@ -26,7 +26,8 @@ namespace kiln {
 
 // The extents of a tensor: std::vector<int64_t>'s interface, with up to kInline extents held in
 // the object itself. Every op records a few shapes, and with a heap block each they were most of
-// a cached step's allocations. Converts to and from std::vector<int64_t> implicitly.
+// a cached step's allocations. Converts from std::vector<int64_t> implicitly, to one explicitly (no
+// copy hides in a call).
 class Shape {
  public:
   using value_type = int64_t;

@@ -33,6 +33,8 @@ namespace kiln {
   /* library ops: kernel boundaries computed by oneDNN / cuBLAS */                      \
   X(Matmul, Library) X(Conv2d, Library) X(Conv2dBackwardData, Library)                  \
   X(Conv2dBackwardWeight, Library)                                                      \
+  /* max pooling's window arg-max where windows tile the input (ops/pooling.cc) */      \
+  X(MaxPoolOffsets, Library)                                                            \
   /* collectives: a kernel the executor starts and waits for (jit/collective.h) */      \
   X(AllReduce, Library) X(Send, Library) X(Recv, Library)                               \
   /* int8: the matmul of a dynamically quantized Linear (nn/quantize.h) */              \

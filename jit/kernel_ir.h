@@ -18,6 +18,7 @@ enum class KernelKind : uint8_t {
   Scatter,      // out = 0; out[.. index(i) ..] += value(i)
   Matmul,       // library calls; no generated code
   Conv,
+  Pool,         // max pooling's window arg-max on the host (PoolCall)
   Collective,   // started by the executor, waited for before its first reader (jit/collective.h)
   QuantizedMatmul,  // oneDNN's int8 matmul (host only)
   Attention,    // fused attention, forward or backward: rendered from a fixed template (AttentionCall)
@@ -25,7 +26,7 @@ enum class KernelKind : uint8_t {
 };
 
 constexpr bool is_library(KernelKind k) {
-  return k == KernelKind::Matmul || k == KernelKind::Conv || k == KernelKind::Collective ||
+  return k == KernelKind::Matmul || k == KernelKind::Conv || k == KernelKind::Pool || k == KernelKind::Collective ||
          k == KernelKind::QuantizedMatmul || k == KernelKind::Transfer;
 }
 
@@ -86,6 +87,13 @@ struct ConvCall {
   ConvPass pass = ConvPass::Forward;
   int a_buffer = -1, b_buffer = -1;  // kernel buffers
   ConvGeometry geometry;
+};
+
+// Max pooling over windows that tile the input: x is a contiguous (planes, OH * kh, OW * kw) buffer;
+// the output holds, per window, the offset a * W + b of its first maximum (int8 or int32).
+struct PoolCall {
+  int x_buffer = -1;  // kernel buffer
+  int64_t planes = 0, OH = 0, OW = 0, kh = 0, kw = 0;
 };
 
 // Fused attention (ops/primitive.h prim::attention): softmax(scale q kᵀ [causal]) v without the
@@ -169,6 +177,7 @@ struct Kernel {
   MatmulTiles tiles;                  // Elementwise
   QuantizedMatmulCall quantized;
   ConvCall conv;
+  PoolCall pool;
   CollectiveCall collective;
   AttentionCall attention;
   TransferCall transfer;

@@ -492,6 +492,23 @@ Kernel build_conv(Lowerer& s, const Node* node, int slot) {
   return k;
 }
 
+Kernel build_pool(Lowerer& s, const Node* node, int slot) {
+  Kernel k;
+  k.kind = KernelKind::Pool;
+  KernelBuilder(s, k).buffer(slot, node->dtype, true);
+  PoolCall& p = k.pool;
+  p.x_buffer = contiguous_operand(s, k, node->inputs[0].get());
+  p.kh = node->ints[0];
+  p.kw = node->ints[1];
+  p.planes = node->shape[0] * node->shape[1];
+  p.OH = node->shape[2];
+  p.OW = node->shape[3];
+  k.out_numel = node->numel();
+  k.summary = fmt::format("MaxPoolOffsets {} {}x{} -> {}", shape_str(node->inputs[0]->shape), p.kh, p.kw,
+                          dtype_name(node->dtype));
+  return k;
+}
+
 // Forward: q, k, v strided; writes o (B, Tq, H, Dv) and lse (B, H, Tq) into its flat output.
 // Backward: q, k, v, the forward's flat output and dout strided; writes dq, dk, dv regions.
 bool build_attention(Lowerer& s, const Node* node, int slot, Kernel& k) {
@@ -678,6 +695,10 @@ bool Lowerer::build_kernels() {
         }
         if (node->op == Op::Attention || node->op == Op::AttentionBackward) {
           if (!build_attention(*this, node, slot, k)) return false;
+          break;
+        }
+        if (node->op == Op::MaxPoolOffsets) {
+          k = build_pool(*this, node, slot);
           break;
         }
         if (node->op != Op::Matmul) {

@@ -266,7 +266,8 @@ constexpr GradEntry kGradRules[] = {
     {Op::ReduceSum, sum_grad}, {Op::ReduceMax, reduce_max_grad},
     {Op::Gather, gather_grad}, {Op::ScatterAdd, scatter_add_grad},
     {Op::Matmul, matmul_grad}, {Op::Conv2d, conv2d_grad}, {Op::Conv2dBackwardData, conv2d_backward_data_grad},
-    {Op::Conv2dBackwardWeight, conv2d_backward_weight_grad}, {Op::AllReduce, all_reduce_grad},
+    {Op::Conv2dBackwardWeight, conv2d_backward_weight_grad}, {Op::MaxPoolOffsets, no_grad_inputs},
+    {Op::AllReduce, all_reduce_grad},
     {Op::Send, no_grad_inputs}, {Op::Recv, no_grad_inputs}, {Op::QuantizedMatmul, quantized_matmul_grad},
     {Op::Attention, attention_grad}, {Op::AttentionBackward, attention_backward_grad},
 };

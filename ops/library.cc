@@ -5,6 +5,7 @@
 #include "backends/cuda/cublaslt.h"
 #include "backends/cuda/cudnn.h"
 #include "backends/cpu/matmul_onednn.h"
+#include "backends/cpu/pool_cpu.h"
 #include "ops/ops.h"
 #include "ops/primitive.h"
 
@@ -17,6 +18,8 @@ bool library_matmul(Device device, DType t) {
 bool library_conv(Device device, DType t) {
   return cuda::is_gpu(device) ? cuda::cudnn_supports_conv(t) : cpu::onednn_supports_conv(t);
 }
+
+bool library_pool(Device device, DType t) { return !cuda::is_gpu(device) && cpu::supports_max_pool_offsets(t); }
 
 int int8_weight_limit(Device device) { return device.is_cpu() ? cpu::onednn_int8_weight_limit() : 127; }
 

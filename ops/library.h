@@ -11,6 +11,8 @@ namespace kiln {
 
 bool library_matmul(Device device, DType t);
 bool library_conv(Device device, DType t);
+// Max pooling's window arg-max (prim::max_pool_offsets): a host kernel, also on the emulator.
+bool library_pool(Device device, DType t);
 // The largest magnitude of an int8 weight the quantized matmul on `device` sums exactly (127, or
 // 63 on a CPU without VNNI: backends/cpu/matmul_onednn.h).
 int int8_weight_limit(Device device);

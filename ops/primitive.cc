@@ -349,6 +349,15 @@ Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_y, const Shape
   return make(Op::Conv2dBackwardWeight, x.dtype(), weight_shape, {x, grad_y}, conv);
 }
 
+Tensor max_pool_offsets(const Tensor& x, int64_t kh, int64_t kw, DType offset_t) {
+  KILN_CHECK(x.dim() == 4 && kh > 0 && kw > 0 && x.size(2) % kh == 0 && x.size(3) % kw == 0, "max_pool_offsets",
+             "needs (N, C, H, W) tiled by ({}, {}) windows; got {}", kh, kw, shape_str(x.shape()));
+  const int64_t last = (kh - 1) * x.size(3) + kw - 1;
+  KILN_CHECK((offset_t == DType::Int8 && last <= 127) || offset_t == DType::Int32, "max_pool_offsets",
+             "offsets up to {} do not fit {}; use int32", last, dtype_name(offset_t));
+  return make(Op::MaxPoolOffsets, offset_t, {x.size(0), x.size(1), x.size(2) / kh, x.size(3) / kw}, {x}, {kh, kw});
+}
+
 Shape conv2d_output_shape(const Shape& x, const Shape& weight, const std::vector<int64_t>& conv) {
   return check_conv("conv2d", x, weight, conv);
 }

@@ -110,4 +110,10 @@ Shape conv2d_output_shape(const Shape& x, const Shape& weight, const std::vector
 // The geometry of a Conv2d / Conv2dBackwardData / Conv2dBackwardWeight node.
 ConvGeometry conv_geometry(const Node& node);
 
+// For max pooling of (N, C, H, W) x over (kh, kw) windows that tile it (stride = kernel, no
+// padding): the offset a * W + b of each window's first maximum in row-major order (a NaN counts
+// as one), as `offset_t` (Int8 or Int32, wide enough for (kh - 1) * W + kw - 1). (N, C, H / kh,
+// W / kw); no gradient. A library kernel on the host (backends/cpu/pool_cpu.h).
+Tensor max_pool_offsets(const Tensor& x, int64_t kh, int64_t kw, DType offset_t);
+
 }  // namespace kiln::prim

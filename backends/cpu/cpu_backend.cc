@@ -5,6 +5,7 @@
 #include "backends/cpu/compiler.h"
 #include "backends/cpu/conv_onednn.h"
 #include "backends/cpu/matmul_onednn.h"
+#include "backends/cpu/pool_cpu.h"
 #include "backends/cpu/render_cpp.h"
 #include "core/flags.h"
 #include "jit/tile_matmul.h"
@@ -125,12 +126,19 @@ std::unique_ptr<jit::CompiledKernels> CpuBackend::compile(const std::vector<jit:
   return std::make_unique<HostKernels>(kernels, jit_kernels);
 }
 
-void run_onednn(const jit::Kernel& k, void* const* ptrs) {
+void run_host_library(const jit::Kernel& k, void* const* ptrs) {
   if (k.kind == jit::KernelKind::QuantizedMatmul) {
     const jit::QuantizedMatmulCall& q = k.quantized;
     auto at = [&](int buffer) { return ptrs[k.buffers[static_cast<size_t>(buffer)].slot]; };
     onednn_quantized_matmul(at(q.a_buffer), at(q.b_buffer), static_cast<float*>(ptrs[k.buffers[0].slot]), q.M, q.K,
                             q.N, q.b_packed);
+    return;
+  }
+  if (k.kind == jit::KernelKind::Pool) {
+    const jit::PoolCall& p = k.pool;
+    max_pool_offsets(k.buffers[static_cast<size_t>(p.x_buffer)].dtype, k.buffers[0].dtype,
+                     ptrs[k.buffers[static_cast<size_t>(p.x_buffer)].slot], ptrs[k.buffers[0].slot], p.planes, p.OH,
+                     p.OW, p.kh, p.kw);
     return;
   }
   const jit::LibraryOperands op = jit::library_operands(k, ptrs);
@@ -150,6 +158,6 @@ void run_onednn(const jit::Kernel& k, void* const* ptrs) {
   }
 }
 
-void CpuBackend::run_library(const jit::Kernel& kernel, void* const* ptrs, Device) const { run_onednn(kernel, ptrs); }
+void CpuBackend::run_library(const jit::Kernel& kernel, void* const* ptrs, Device) const { run_host_library(kernel, ptrs); }
 
 }  // namespace kiln::cpu

@@ -15,8 +15,8 @@ class CpuBackend : public jit::Backend {
   void synchronize(Device) const override {}
 };
 
-// oneDNN's matmul or convolution for a library kernel on host memory (also the CUDA emulator's,
-// whose device memory is host memory).
-void run_onednn(const jit::Kernel& kernel, void* const* ptrs);
+// A library kernel on host memory (oneDNN's matmul or convolution, the pooling arg-max of
+// backends/cpu/pool_cpu.h); also the CUDA emulator's, whose device memory is host memory.
+void run_host_library(const jit::Kernel& kernel, void* const* ptrs);
 
 }  // namespace kiln::cpu

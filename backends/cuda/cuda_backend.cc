@@ -168,6 +168,8 @@ std::unique_ptr<jit::CompiledKernels> CudaBackend::compile(const std::vector<jit
 void CudaBackend::run_library(const jit::Kernel& k, void* const* ptrs, Device device) const {
   // nn::QuantizedLinear records its int8 matmul on the host only; on a GPU it dequantizes.
   KILN_CHECK(k.kind != jit::KernelKind::QuantizedMatmul, "QuantizedLinear", "the int8 matmul has no CUDA kernel here");
+  // ops/pooling.cc records it only where kiln::library_pool says so, never for a GPU.
+  KILN_CHECK(k.kind != jit::KernelKind::Pool, "max_pool2d", "the window arg-max kernel runs on the host only");
   const jit::LibraryOperands op = jit::library_operands(k, ptrs);
   if (k.kind == jit::KernelKind::Matmul) {
     const jit::MatmulCall& mm = k.matmul;
@@ -181,7 +183,7 @@ void CudaBackend::run_library(const jit::Kernel& k, void* const* ptrs, Device de
 void CudaBackend::synchronize(Device device) const { cuda::synchronize(device.index); }
 
 void CudaEmulatorBackend::run_library(const jit::Kernel& kernel, void* const* ptrs, Device) const {
-  cpu::run_onednn(kernel, ptrs);
+  cpu::run_host_library(kernel, ptrs);
 }
 
 }  // namespace kiln::cuda

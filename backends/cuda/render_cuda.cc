@@ -539,6 +539,7 @@ std::vector<CudaLaunch> CudaKernelRenderer::render(std::string& out) {
     case KernelKind::Attention: attention(out, launches); break;
     case KernelKind::Matmul:
     case KernelKind::Conv:
+    case KernelKind::Pool:
     case KernelKind::Collective:
     case KernelKind::QuantizedMatmul:
     case KernelKind::Transfer: break;

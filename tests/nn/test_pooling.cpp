@@ -10,6 +10,8 @@
 
 #include <kiln/kiln.h>
 
+#include "core/node.h"
+#include "ops/primitive.h"
 #include "tests/support/compare.h"
 #include "tests/support/gradcheck.h"
 
@@ -337,4 +339,92 @@ TEST_CASE("tiled max pooling keeps one byte per output for its backward", "[pool
   // Overlapping windows take the general path: int32 positions.
   Tensor overlapping = max_pool2d(x, {2, 2}, {1, 1}).sum();
   CHECK(kiln::jit::saved_for_backward(overlapping, {x}).activations > 2 * 3 * 7 * 7 * 4);
+}
+
+namespace {
+
+// Whether the pending graph of t records op (the host kernel's node, or not).
+bool records(const Tensor& t, Op op) {
+  std::vector<const Node*> stack{t.node().get()};
+  for (size_t seen = 0; !stack.empty() && seen < 10000; ++seen) {
+    const Node* n = stack.back();
+    stack.pop_back();
+    if (n->op == op) return true;
+    for (const NodePtr& in : n->inputs) stack.push_back(in.get());
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("the host window arg-max of tiled max pooling agrees with the select chain", "[pooling]") {
+  // float32 and float64 inputs take prim::max_pool_offsets (AVX-512 for float32 2 x 2 windows,
+  // plain C++ otherwise); float16 takes the JIT's select chain. Values exact in float16 (small
+  // integers: ties everywhere; signed zeros, infinities, NaNs) must give the same outputs and
+  // send the gradient to the same elements. Widths cover the vector path's partial steps.
+  struct Case {
+    Shape shape;
+    Pair kernel;
+  };
+  const std::vector<Case> cases = {
+      {{2, 3, 4, 2}, {2, 2}},   {{1, 2, 6, 14}, {2, 2}}, {{1, 2, 2, 16}, {2, 2}}, {{2, 1, 4, 18}, {2, 2}},
+      {{1, 3, 4, 28}, {2, 2}},  {{1, 1, 2, 32}, {2, 2}}, {{1, 2, 4, 34}, {2, 2}}, {{1, 1, 2, 66}, {2, 2}},
+      {{1, 2, 6, 9}, {3, 3}},   {{2, 1, 4, 9}, {2, 3}},  {{1, 2, 3, 8}, {1, 2}},  {{1, 1, 4, 130}, {2, 2}},
+      {{1, 1, 6, 140}, {3, 2}},
+  };
+  std::mt19937_64 rng(17);
+  const double specials[] = {0.0, -0.0, INFINITY, -INFINITY, NAN};
+  for (const Case& c : cases) {
+    INFO("input " << shape_str(c.shape) << " kernel " << c.kernel[0] << " x " << c.kernel[1]);
+    std::vector<double> xs(static_cast<size_t>(numel(c.shape)));
+    for (double& v : xs) {
+      const uint64_t r = rng() % 100;
+      v = r < 20 ? specials[r % 5] : std::floor(static_cast<double>(r % 9)) - 4.0;  // 4% NaN
+    }
+    Shape out_shape = {c.shape[0], c.shape[1], c.shape[2] / c.kernel[0], c.shape[3] / c.kernel[1]};
+    std::vector<double> dy(static_cast<size_t>(numel(out_shape)));
+    for (double& v : dy) v = static_cast<double>(rng() % 7) + 1.0;
+    auto pool = [&](DType t, std::vector<double>& y, std::vector<double>& dx) {
+      Tensor x = from_doubles(xs, c.shape, t).requires_grad_();
+      Tensor out = max_pool2d(x, c.kernel);
+      CHECK(records(out, Op::MaxPoolOffsets) == (t != DType::Float16));
+      y = cast(out, DType::Float64).to_vector<double>();
+      dx = cast(grad(out, {x}, from_doubles(dy, out_shape, t))[0], DType::Float64).to_vector<double>();
+    };
+    std::vector<double> y16, dx16;
+    pool(DType::Float16, y16, dx16);
+    for (DType t : {DType::Float32, DType::Float64}) {
+      INFO(dtype_name(t));
+      std::vector<double> y, dx;
+      pool(t, y, dx);
+      REQUIRE(y.size() == y16.size());
+      for (size_t i = 0; i < y.size(); ++i) {
+        INFO("output " << i);
+        CHECK(std::isnan(y[i]) == std::isnan(y16[i]));
+        if (!std::isnan(y[i])) CHECK(y[i] == y16[i]);
+        CHECK(std::signbit(y[i]) == std::signbit(y16[i]));  // which zero won
+      }
+      CHECK(dx == dx16);
+    }
+  }
+}
+
+TEST_CASE("prim::max_pool_offsets: the first maximum's offset, int8 or int32, and its errors", "[pooling]") {
+  // [1, 3; 3, 2] picks (0, 1); all equal: (0, 0); [0, NaN; 1, NaN] the first NaN, (0, 1), also
+  // where an earlier element equals the maximum of the others, as in [5, NaN; 5, 3].
+  Tensor x = from_vector<float>({1, 3, 5, 5, 0, NAN, 5, NAN, 3, 2, 5, 5, 1, NAN, 5, 3}, {1, 1, 2, 8});
+  for (DType t : {DType::Float32, DType::Float64}) {
+    Tensor off = prim::max_pool_offsets(cast(x, t), 2, 2, DType::Int8);
+    CHECK(off.dtype() == DType::Int8);
+    CHECK(off.to_vector<int8_t>() == std::vector<int8_t>{1, 0, 1, 1});
+  }
+  // Offsets past 127 need int32: (1, 1) of a 200-wide window pair is 201.
+  std::vector<float> wide(400, 0.0f);
+  wide[201] = 1;
+  Tensor off32 = prim::max_pool_offsets(from_vector<float>(wide, {1, 1, 2, 200}), 2, 2, DType::Int32);
+  CHECK(off32.to_vector<int32_t>()[0] == 201);
+  CHECK_THROWS_WITH(prim::max_pool_offsets(from_vector<float>(wide, {1, 1, 2, 200}), 2, 2, DType::Int8),
+                    Catch::Contains("max_pool_offsets") && Catch::Contains("int32"));
+  CHECK_THROWS_WITH(prim::max_pool_offsets(randn({1, 1, 3, 4}), 2, 2, DType::Int8),
+                    Catch::Contains("tiled by (2, 2)"));
 }

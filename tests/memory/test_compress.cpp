@@ -86,24 +86,25 @@ TEST_CASE("compressed activations: a step saves int8 plus one scale per row", "[
   CHECK(compressed.inputs == 0);
 }
 
-TEST_CASE("compressed activations: a relu output only max pooling reads is kept as 1-bit masks, gradients exact",
-          "[compress][planner]") {
-  Tensor x = randn({2, 3, 8, 8}).realize();
-  Tensor w = randn({2, 3, 8, 8}).realize().requires_grad_();
+TEST_CASE("compressed activations: a relu output the backward only compares with zero is kept as 1-bit masks, "
+          "gradients exact", "[compress][planner]") {
+  Tensor x = randn({2, 3, 16, 16}).realize();
+  Tensor w = randn({2, 3, 16, 16}).realize().requires_grad_();
   auto step = [&](bool compress, int64_t* saved) {
     CompressActivationsGuard guard(compress);
     FlagsGuard flags_guard;
     flags().recompute = "off";  // (cheap recomputation would recompute the relu output instead)
-    Tensor loss = max_pool2d(relu(x * w), {2, 2}).sum();
+    Tensor loss = max_pool2d(relu(x * w), {2, 2}).sum();  // runs as relu(max_pool2d(x * w))
     *saved = jit::saved_for_backward(loss, {w}).activations;
     return grad(loss, {w})[0].to_vector<float>();
   };
   int64_t wide = 0, packed = 0;
   std::vector<float> exact = step(false, &wide), masked = step(true, &packed);
   CHECK(masked == exact);
-  // The relu output (float32) became one bit per element. (Also kept, either way: max
-  // pooling's window offsets, a byte per output; and the input x, which w's gradient reads, an
-  // input rather than an activation.)
+  // The pooled relu output (float32, (2, 3, 8, 8)) became one bit per element. (Also kept, either
+  // way: max pooling's window offsets, a byte per output; and the input x, which w's gradient
+  // reads, an input rather than an activation.)
+  CHECK(wide == 2 * 3 * 8 * 8 * (4 + 1));
   CHECK(packed == wide - 2 * 3 * 8 * 8 * 4 + 2 * 3 * 8 * 8 / 8 + 8 * 4);  // and the 8 bit weights
 }
 

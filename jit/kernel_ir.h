@@ -89,10 +89,11 @@ struct ConvCall {
   ConvGeometry geometry;
 };
 
-// Max pooling over windows that tile the input: x is a contiguous (planes, OH * kh, OW * kw) buffer;
-// the output holds, per window, the offset a * W + b of its first maximum (int8 or int32).
+// Max pooling over windows that tile the input: x is a contiguous (planes, OH * kh, OW * kw) buffer.
+// Without offsets the output holds, per window, the offset a * W + b of its first maximum (int8 or
+// int32); with them (a buffer of such offsets), the window's element there.
 struct PoolCall {
-  int x_buffer = -1;  // kernel buffer
+  int x_buffer = -1, offsets_buffer = -1;  // kernel buffers
   int64_t planes = 0, OH = 0, OW = 0, kh = 0, kw = 0;
 };
 

@@ -498,13 +498,14 @@ Kernel build_pool(Lowerer& s, const Node* node, int slot) {
   KernelBuilder(s, k).buffer(slot, node->dtype, true);
   PoolCall& p = k.pool;
   p.x_buffer = contiguous_operand(s, k, node->inputs[0].get());
+  if (node->op == Op::MaxPoolGather) p.offsets_buffer = contiguous_operand(s, k, node->inputs[1].get());
   p.kh = node->ints[0];
   p.kw = node->ints[1];
   p.planes = node->shape[0] * node->shape[1];
   p.OH = node->shape[2];
   p.OW = node->shape[3];
   k.out_numel = node->numel();
-  k.summary = fmt::format("MaxPoolOffsets {} {}x{} -> {}", shape_str(node->inputs[0]->shape), p.kh, p.kw,
+  k.summary = fmt::format("{} {} {}x{} -> {}", op_name(node->op), shape_str(node->inputs[0]->shape), p.kh, p.kw,
                           dtype_name(node->dtype));
   return k;
 }
@@ -697,7 +698,7 @@ bool Lowerer::build_kernels() {
           if (!build_attention(*this, node, slot, k)) return false;
           break;
         }
-        if (node->op == Op::MaxPoolOffsets) {
+        if (node->op == Op::MaxPoolOffsets || node->op == Op::MaxPoolGather) {
           k = build_pool(*this, node, slot);
           break;
         }

@@ -175,6 +175,16 @@ Grads scatter_add_grad(const NodePtr& n, const Tensor& g) {
   return {Tensor(), prim::gather(g, n->ints[0], index)};
 }
 
+// The window element at each offset: the gradient scatters back to it, as the gather over the
+// (N, C, OH, kh * W) view that max_pool2d builds elsewhere would (the same kernel, the same bits).
+Grads max_pool_gather_grad(const NodePtr& n, const Tensor& g) {
+  const Tensor offsets = in(n, 1);
+  const Shape& x = n->inputs[0]->shape;
+  const int64_t kh = n->ints[0], kw = n->ints[1];
+  const Tensor index = iota(offsets.shape(), 3, DType::Int32) * static_cast<double>(kw) + cast(offsets, DType::Int32);
+  return {prim::scatter_add({x[0], x[1], x[2] / kh, kh * x[3]}, 3, index, g).reshape(x), Tensor()};
+}
+
 Grads matmul_grad(const NodePtr& n, const Tensor& g) {
   Tensor a = in(n, 0), b = in(n, 1);
   // dA = dC @ B^T, dB = A^T @ dC; a stride-0 (broadcast) batch sums in the Expand rule.
@@ -267,6 +277,7 @@ constexpr GradEntry kGradRules[] = {
     {Op::Gather, gather_grad}, {Op::ScatterAdd, scatter_add_grad},
     {Op::Matmul, matmul_grad}, {Op::Conv2d, conv2d_grad}, {Op::Conv2dBackwardData, conv2d_backward_data_grad},
     {Op::Conv2dBackwardWeight, conv2d_backward_weight_grad}, {Op::MaxPoolOffsets, no_grad_inputs},
+    {Op::MaxPoolGather, max_pool_gather_grad},
     {Op::AllReduce, all_reduce_grad},
     {Op::Send, no_grad_inputs}, {Op::Recv, no_grad_inputs}, {Op::QuantizedMatmul, quantized_matmul_grad},
     {Op::Attention, attention_grad}, {Op::AttentionBackward, attention_backward_grad},

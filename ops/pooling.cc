@@ -199,28 +199,27 @@ Tensor max_pool_tiled(const Tensor& x, const PoolGeometry& g) {
   const int64_t last = (kh - 1) * W + kw - 1;
   const DType offset_t = last <= 127 ? DType::Int8 : DType::Int32;
   Tensor rows = x.reshape({N, C, OH, kh * W});
-  Tensor chosen;
   if (library_pool(x.device(), x.dtype())) {
-    // The same choice from a host kernel: the select chain below compiles to branchy scalar code
-    // (GCC 12 does not vectorize its short rows of stride-2 loads), ~10x the time of its reads.
-    chosen = prim::max_pool_offsets(x, kh, kw, offset_t);
-  } else {
-    std::vector<Tensor> element;  // window element (a, b) of every output, row-major: (N, C, OH, OW)
-    std::vector<int64_t> offset;
-    for (int64_t a = 0; a < kh; ++a)
-      for (int64_t b = 0; b < kw; ++b) {
-        element.push_back(rows.slice(3, a * W + b, a * W + b + (OW - 1) * kw + 1, kw));
-        offset.push_back(a * W + b);
-      }
-    Tensor m = element[0];
-    for (size_t j = 1; j < element.size(); ++j) m = maximum(m, element[j]);  // NaN wins
-    // The first element equal to the maximum (a NaN equals the NaN maximum it made), as a select
-    // chain from the last element back.
-    chosen = broadcast_to(scalar(static_cast<double>(offset.back()), offset_t), m.shape());
-    for (size_t j = element.size() - 1; j-- > 0;) {
-      const Tensor& e = element[j];
-      chosen = where(logical_or(eq(e, m), ne(e, e)), scalar(static_cast<double>(offset[j]), offset_t), chosen);
+    // The same choice and gather from host kernels: the JIT's loops below compile to scalar code
+    // with branches (GCC 12 does not vectorize their short rows of stride-2 loads), several
+    // times the time of their reads.
+    return prim::max_pool_gather(x, prim::max_pool_offsets(x, kh, kw, offset_t), kh, kw);
+  }
+  std::vector<Tensor> element;  // window element (a, b) of every output, row-major: (N, C, OH, OW)
+  std::vector<int64_t> offset;
+  for (int64_t a = 0; a < kh; ++a)
+    for (int64_t b = 0; b < kw; ++b) {
+      element.push_back(rows.slice(3, a * W + b, a * W + b + (OW - 1) * kw + 1, kw));
+      offset.push_back(a * W + b);
     }
+  Tensor m = element[0];
+  for (size_t j = 1; j < element.size(); ++j) m = maximum(m, element[j]);  // NaN wins
+  // The first element equal to the maximum (a NaN equals the NaN maximum it made), as a select
+  // chain from the last element back.
+  Tensor chosen = broadcast_to(scalar(static_cast<double>(offset.back()), offset_t), m.shape());
+  for (size_t j = element.size() - 1; j-- > 0;) {
+    const Tensor& e = element[j];
+    chosen = where(logical_or(eq(e, m), ne(e, e)), scalar(static_cast<double>(offset[j]), offset_t), chosen);
   }
   Tensor index = iota(chosen.shape(), 3, DType::Int32) * static_cast<double>(kw) + chosen.cast(DType::Int32);
   return gather(rows, 3, index);

@@ -358,6 +358,17 @@ Tensor max_pool_offsets(const Tensor& x, int64_t kh, int64_t kw, DType offset_t)
   return make(Op::MaxPoolOffsets, offset_t, {x.size(0), x.size(1), x.size(2) / kh, x.size(3) / kw}, {x}, {kh, kw});
 }
 
+Tensor max_pool_gather(const Tensor& x, const Tensor& offsets, int64_t kh, int64_t kw) {
+  const bool tiled = x.dim() == 4 && kh > 0 && kw > 0 && x.size(2) % kh == 0 && x.size(3) % kw == 0;
+  const Shape windows = tiled ? Shape({x.size(0), x.size(1), x.size(2) / kh, x.size(3) / kw}) : Shape();
+  KILN_CHECK(tiled && offsets.shape() == windows &&
+                 (offsets.dtype() == DType::Int8 || offsets.dtype() == DType::Int32),
+             "max_pool_gather", "needs (N, C, H, W) tiled by ({}, {}) windows and int8 or int32 offsets of one per "
+             "window; got {} and {} {}", kh, kw, shape_str(x.shape()), dtype_name(offsets.dtype()),
+             shape_str(offsets.shape()));
+  return make(Op::MaxPoolGather, x.dtype(), offsets.shape(), {x, offsets}, {kh, kw});
+}
+
 Shape conv2d_output_shape(const Shape& x, const Shape& weight, const std::vector<int64_t>& conv) {
   return check_conv("conv2d", x, weight, conv);
 }

@@ -115,5 +115,8 @@ ConvGeometry conv_geometry(const Node& node);
 // as one), as `offset_t` (Int8 or Int32, wide enough for (kh - 1) * W + kw - 1). (N, C, H / kh,
 // W / kw); no gradient. A library kernel on the host (backends/cpu/pool_cpu.h).
 Tensor max_pool_offsets(const Tensor& x, int64_t kh, int64_t kw, DType offset_t);
+// The window element of x at each of those offsets: max pooling's output, computed on the host
+// with the same windows. Its gradient scatters to the offsets.
+Tensor max_pool_gather(const Tensor& x, const Tensor& offsets, int64_t kh, int64_t kw);
 
 }  // namespace kiln::prim

@@ -136,9 +136,13 @@ void run_host_library(const jit::Kernel& k, void* const* ptrs) {
   }
   if (k.kind == jit::KernelKind::Pool) {
     const jit::PoolCall& p = k.pool;
-    max_pool_offsets(k.buffers[static_cast<size_t>(p.x_buffer)].dtype, k.buffers[0].dtype,
-                     ptrs[k.buffers[static_cast<size_t>(p.x_buffer)].slot], ptrs[k.buffers[0].slot], p.planes, p.OH,
-                     p.OW, p.kh, p.kw);
+    auto at = [&](int buffer) { return ptrs[k.buffers[static_cast<size_t>(buffer)].slot]; };
+    if (p.offsets_buffer < 0)
+      max_pool_offsets(k.buffers[static_cast<size_t>(p.x_buffer)].dtype, k.buffers[0].dtype, at(p.x_buffer), at(0),
+                       p.planes, p.OH, p.OW, p.kh, p.kw);
+    else
+      max_pool_gather(k.buffers[0].dtype, k.buffers[static_cast<size_t>(p.offsets_buffer)].dtype, at(p.x_buffer),
+                      at(p.offsets_buffer), at(0), p.planes, p.OH, p.OW, p.kh, p.kw);
     return;
   }
   const jit::LibraryOperands op = jit::library_operands(k, ptrs);

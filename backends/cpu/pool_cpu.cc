@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 #include "core/error.h"
@@ -36,49 +37,100 @@ void rows_scalar(const T* x, O* out, int64_t OW, int64_t kh, int64_t kw, int64_t
   }
 }
 
-// 2 x 2 float windows, 16 outputs at a time: the even and odd columns of both input rows are
-// deinterleaved from two loads each, so the four window elements are four vectors and the
-// choice is four compares and three blends, without a branch.
-template <typename O>
-__attribute__((target("avx512f"))) void rows_2x2_avx512(const float* x, O* out, int64_t OW, int64_t r0,
-                                                         int64_t r1) {
-  const int64_t W = 2 * OW;
+// The four elements of 2 x 2 float windows, 16 windows at a time: the even and odd columns of
+// both input rows, deinterleaved from two loads each (masked past the row's end).
+struct Windows2x2 {
+  __m512 v0, v1, v2, v3;
+  __mmask16 store;  // the n windows of this step
+};
+
+__attribute__((target("avx512f"))) inline Windows2x2 load_2x2(const float* top, int64_t W, int64_t n) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const __mmask16 lo = n >= 8 ? 0xFFFF : static_cast<__mmask16>((1u << (2 * n)) - 1);
+  const __mmask16 hi = n > 8 ? static_cast<__mmask16>((1u << (2 * n - 16)) - 1) : 0;
+  const float* bottom = top + W;
+  const __m512 t_lo = _mm512_maskz_loadu_ps(lo, top), t_hi = _mm512_maskz_loadu_ps(hi, top + 16);
+  const __m512 b_lo = _mm512_maskz_loadu_ps(lo, bottom), b_hi = _mm512_maskz_loadu_ps(hi, bottom + 16);
+  return {_mm512_permutex2var_ps(t_lo, even, t_hi), _mm512_permutex2var_ps(t_lo, odd, t_hi),
+          _mm512_permutex2var_ps(b_lo, even, b_hi), _mm512_permutex2var_ps(b_lo, odd, b_hi),
+          n == 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1)};
+}
+
+// The arg-max: four compares and three blends per 16 windows, without a branch.
+template <typename O>
+__attribute__((target("avx512f"))) void offsets_2x2_avx512(const float* x, O* out, int64_t OW, int64_t r0,
+                                                            int64_t r1) {
+  const int64_t W = 2 * OW;
   const __m512i off1 = _mm512_set1_epi32(1), off2 = _mm512_set1_epi32(static_cast<int>(W)),
                 off3 = _mm512_set1_epi32(static_cast<int>(W + 1));
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* top = x + r * 2 * W;
-    const float* bottom = top + W;
-    O* o = out + r * OW;
+  for (int64_t r = r0; r < r1; ++r)
     for (int64_t ow = 0; ow < OW; ow += 16) {
-      const int64_t n = std::min<int64_t>(16, OW - ow);  // outputs in this step: 2n inputs per row
-      const __mmask16 lo = n >= 8 ? 0xFFFF : static_cast<__mmask16>((1u << (2 * n)) - 1);
-      const __mmask16 hi = n > 8 ? static_cast<__mmask16>((1u << (2 * n - 16)) - 1) : 0;
-      const __m512 t_lo = _mm512_maskz_loadu_ps(lo, top + 2 * ow), t_hi = _mm512_maskz_loadu_ps(hi, top + 2 * ow + 16);
-      const __m512 b_lo = _mm512_maskz_loadu_ps(lo, bottom + 2 * ow),
-                   b_hi = _mm512_maskz_loadu_ps(hi, bottom + 2 * ow + 16);
-      const __m512 v0 = _mm512_permutex2var_ps(t_lo, even, t_hi), v1 = _mm512_permutex2var_ps(t_lo, odd, t_hi);
-      const __m512 v2 = _mm512_permutex2var_ps(b_lo, even, b_hi), v3 = _mm512_permutex2var_ps(b_lo, odd, b_hi);
-      const __mmask16 nan0 = _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q), nan1 = _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q),
-                      nan2 = _mm512_cmp_ps_mask(v2, v2, _CMP_UNORD_Q);
-      const __mmask16 any_nan = nan0 | nan1 | nan2 | _mm512_cmp_ps_mask(v3, v3, _CMP_UNORD_Q);
+      const Windows2x2 w = load_2x2(x + r * 2 * W + 2 * ow, W, std::min<int64_t>(16, OW - ow));
+      const __mmask16 nan0 = _mm512_cmp_ps_mask(w.v0, w.v0, _CMP_UNORD_Q),
+                      nan1 = _mm512_cmp_ps_mask(w.v1, w.v1, _CMP_UNORD_Q),
+                      nan2 = _mm512_cmp_ps_mask(w.v2, w.v2, _CMP_UNORD_Q);
+      const __mmask16 any_nan = nan0 | nan1 | nan2 | _mm512_cmp_ps_mask(w.v3, w.v3, _CMP_UNORD_Q);
       // Without NaNs max is exact, and the first element equal to it is the first maximum.
       // (maskz: _mm512_max_ps's undefined source trips GCC 12's -Wmaybe-uninitialized)
-      const __m512 m = _mm512_maskz_max_ps(0xFFFF, _mm512_maskz_max_ps(0xFFFF, v0, v1), _mm512_maskz_max_ps(0xFFFF, v2, v3));
-      const __mmask16 hit0 = (_mm512_cmp_ps_mask(v0, m, _CMP_EQ_OQ) & ~any_nan) | nan0;
-      const __mmask16 hit1 = (_mm512_cmp_ps_mask(v1, m, _CMP_EQ_OQ) & ~any_nan) | nan1;
-      const __mmask16 hit2 = (_mm512_cmp_ps_mask(v2, m, _CMP_EQ_OQ) & ~any_nan) | nan2;
+      const __m512 m = _mm512_maskz_max_ps(0xFFFF, _mm512_maskz_max_ps(0xFFFF, w.v0, w.v1),
+                                           _mm512_maskz_max_ps(0xFFFF, w.v2, w.v3));
+      const __mmask16 hit0 = (_mm512_cmp_ps_mask(w.v0, m, _CMP_EQ_OQ) & ~any_nan) | nan0;
+      const __mmask16 hit1 = (_mm512_cmp_ps_mask(w.v1, m, _CMP_EQ_OQ) & ~any_nan) | nan1;
+      const __mmask16 hit2 = (_mm512_cmp_ps_mask(w.v2, m, _CMP_EQ_OQ) & ~any_nan) | nan2;
       __m512i chosen = _mm512_mask_mov_epi32(off3, hit2, off2);
       chosen = _mm512_mask_mov_epi32(chosen, hit1, off1);
       chosen = _mm512_mask_mov_epi32(chosen, hit0, _mm512_setzero_si512());
-      const __mmask16 store = n == 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
       if constexpr (sizeof(O) == 1)
-        _mm512_mask_cvtepi32_storeu_epi8(o + ow, store, chosen);
+        _mm512_mask_cvtepi32_storeu_epi8(out + r * OW + ow, w.store, chosen);
       else
-        _mm512_mask_storeu_epi32(o + ow, store, chosen);
+        _mm512_mask_storeu_epi32(out + r * OW + ow, w.store, chosen);
     }
-  }
+}
+
+// The element at each offset: three blends per 16 windows. Returns false at an offset that is
+// not one of the window's four.
+template <typename O>
+__attribute__((target("avx512f"))) bool gather_2x2_avx512(const float* x, const O* offsets, float* out, int64_t OW,
+                                                           int64_t r0, int64_t r1) {
+  const int64_t W = 2 * OW;
+  const __m512i off1 = _mm512_set1_epi32(1), off2 = _mm512_set1_epi32(static_cast<int>(W)),
+                off3 = _mm512_set1_epi32(static_cast<int>(W + 1));
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t ow = 0; ow < OW; ow += 16) {
+      const int64_t n = std::min<int64_t>(16, OW - ow);
+      const Windows2x2 w = load_2x2(x + r * 2 * W + 2 * ow, W, n);
+      __m512i off;
+      if constexpr (sizeof(O) == 1) {
+        alignas(16) int8_t bytes[16] = {};
+        std::memcpy(bytes, offsets + r * OW + ow, static_cast<size_t>(n));
+        off = _mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_load_si128(reinterpret_cast<const __m128i*>(bytes)));
+      } else {
+        off = _mm512_maskz_loadu_epi32(w.store, offsets + r * OW + ow);
+      }
+      const __mmask16 at0 = _mm512_cmpeq_epi32_mask(off, _mm512_setzero_si512()),
+                      at1 = _mm512_cmpeq_epi32_mask(off, off1), at2 = _mm512_cmpeq_epi32_mask(off, off2),
+                      at3 = _mm512_cmpeq_epi32_mask(off, off3);
+      if ((w.store & ~(at0 | at1 | at2 | at3)) != 0) return false;
+      __m512 y = _mm512_mask_mov_ps(w.v0, at1, w.v1);
+      y = _mm512_mask_mov_ps(y, at2, w.v2);
+      y = _mm512_mask_mov_ps(y, at3, w.v3);
+      _mm512_mask_storeu_ps(out + r * OW + ow, w.store, y);
+    }
+  return true;
+}
+
+// The element at each offset in plain C++; false at an offset outside its window.
+template <typename T, typename O>
+bool gather_scalar(const T* x, const O* offsets, T* out, int64_t OW, int64_t kh, int64_t kw, int64_t r0, int64_t r1) {
+  const int64_t W = OW * kw;
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t ow = 0; ow < OW; ++ow) {
+      const int64_t off = offsets[r * OW + ow];
+      if (off < 0 || off / W >= kh || off % W >= kw) return false;
+      out[r * OW + ow] = x[r * kh * W + ow * kw + off];
+    }
+  return true;
 }
 
 bool has_avx512f() {
@@ -86,32 +138,51 @@ bool has_avx512f() {
   return yes;
 }
 
-template <typename T, typename O>
-void offsets(const T* x, O* out, int64_t planes, int64_t OH, int64_t OW, int64_t kh, int64_t kw) {
-  const int64_t rows = planes * OH;
-  // Rows in blocks of 16 KiB or more of input, so that small poolings stay on one thread.
-  const int64_t block = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, kh * OW * kw));
-  const bool vector = std::is_same_v<T, float> && kh == 2 && kw == 2 && has_avx512f();
-#pragma omp parallel for schedule(static) if (rows > 2 * block)
-  for (int64_t r0 = 0; r0 < rows; r0 += block) {
-    const int64_t r1 = std::min(rows, r0 + block);
-    if constexpr (std::is_same_v<T, float>) {
-      if (vector) {
-        rows_2x2_avx512(x, out, OW, r0, r1);
-        continue;
-      }
-    }
-    rows_scalar(x, out, OW, kh, kw, r0, r1);
-  }
+// Calls body(r0, r1) over blocks of output rows, in parallel where there is enough work; false
+// when a block returned false (OpenMP regions cannot throw).
+template <typename Body>
+bool for_row_blocks(int64_t rows, int64_t row_input_elements, Body body) {
+  // Blocks of 16 KiB or more of float input, so that small poolings stay on one thread.
+  const int64_t block = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, row_input_elements));
+  bool ok = true;
+#pragma omp parallel for schedule(static) if (rows > 2 * block) reduction(&& : ok)
+  for (int64_t r0 = 0; r0 < rows; r0 += block) ok = body(r0, std::min(rows, r0 + block)) && ok;
+  return ok;
 }
 
-template <typename T>
-void offsets_as(DType offset_t, const void* x, void* out, int64_t planes, int64_t OH, int64_t OW, int64_t kh,
-                int64_t kw) {
-  if (offset_t == DType::Int8)
-    offsets(static_cast<const T*>(x), static_cast<int8_t*>(out), planes, OH, OW, kh, kw);
-  else
-    offsets(static_cast<const T*>(x), static_cast<int32_t*>(out), planes, OH, OW, kh, kw);
+template <typename T, typename O>
+void offsets(const T* x, O* out, int64_t planes, int64_t OH, int64_t OW, int64_t kh, int64_t kw) {
+  const bool vector = std::is_same_v<T, float> && kh == 2 && kw == 2 && has_avx512f();
+  for_row_blocks(planes * OH, kh * kw * OW, [&](int64_t r0, int64_t r1) {
+    if constexpr (std::is_same_v<T, float>)
+      if (vector) return offsets_2x2_avx512(x, out, OW, r0, r1), true;
+    return rows_scalar(x, out, OW, kh, kw, r0, r1), true;
+  });
+}
+
+template <typename T, typename O>
+bool gather(const T* x, const O* offsets, T* out, int64_t planes, int64_t OH, int64_t OW, int64_t kh, int64_t kw) {
+  const bool vector = std::is_same_v<T, float> && kh == 2 && kw == 2 && has_avx512f();
+  return for_row_blocks(planes * OH, kh * kw * OW, [&](int64_t r0, int64_t r1) {
+    if constexpr (std::is_same_v<T, float>)
+      if (vector) return gather_2x2_avx512(x, offsets, out, OW, r0, r1);
+    return gather_scalar(x, offsets, out, OW, kh, kw, r0, r1);
+  });
+}
+
+// f(T{}, O{}) for the input and offset dtypes.
+template <typename F>
+auto with_types(DType t, DType offset_t, F f) {
+  auto as_offsets = [&](auto value) {
+    return offset_t == DType::Int8 ? f(value, int8_t{}) : f(value, int32_t{});
+  };
+  return t == DType::Float32 ? as_offsets(float{}) : as_offsets(double{});
+}
+
+void check_types(const char* op, DType t, DType offset_t) {
+  KILN_CHECK(supports_max_pool_offsets(t) && (offset_t == DType::Int8 || offset_t == DType::Int32), op,
+             "takes float32 or float64 values and int8 or int32 offsets; got {} and {}", dtype_name(t),
+             dtype_name(offset_t));
 }
 
 }  // namespace
@@ -120,13 +191,25 @@ bool supports_max_pool_offsets(DType t) { return t == DType::Float32 || t == DTy
 
 void max_pool_offsets(DType t, DType offset_t, const void* x, void* out, int64_t planes, int64_t OH, int64_t OW,
                       int64_t kh, int64_t kw) {
-  KILN_CHECK(supports_max_pool_offsets(t) && (offset_t == DType::Int8 || offset_t == DType::Int32),
-             "max_pool_offsets", "takes float32 or float64 input and int8 or int32 offsets; got {} and {}",
-             dtype_name(t), dtype_name(offset_t));
-  if (t == DType::Float32)
-    offsets_as<float>(offset_t, x, out, planes, OH, OW, kh, kw);
-  else
-    offsets_as<double>(offset_t, x, out, planes, OH, OW, kh, kw);
+  check_types("max_pool_offsets", t, offset_t);
+  with_types(t, offset_t, [&](auto value, auto offset) {
+    using T = decltype(value);
+    using O = decltype(offset);
+    offsets(static_cast<const T*>(x), static_cast<O*>(out), planes, OH, OW, kh, kw);
+  });
+}
+
+void max_pool_gather(DType t, DType offset_t, const void* x, const void* offsets, void* out, int64_t planes,
+                     int64_t OH, int64_t OW, int64_t kh, int64_t kw) {
+  check_types("max_pool_gather", t, offset_t);
+  const bool ok = with_types(t, offset_t, [&](auto value, auto offset) {
+    using T = decltype(value);
+    using O = decltype(offset);
+    return gather(static_cast<const T*>(x), static_cast<const O*>(offsets), static_cast<T*>(out), planes, OH, OW, kh,
+                  kw);
+  });
+  KILN_CHECK(ok, "max_pool_gather", "an offset lies outside its ({}, {}) window of a ({}, {}) plane; offsets come "
+             "from max_pool_offsets of the same input", kh, kw, OH * kh, OW * kw);
 }
 
 }  // namespace kiln::cpu

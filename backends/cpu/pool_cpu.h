@@ -1,8 +1,10 @@
-// Max pooling's window arg-max on the host (prim::max_pool_offsets): the JIT's select chain over
-// a window's stride-2 elements compiles to branches (GCC 12 does not vectorize it), ~10x slower
-// than the memory it reads; this kernel uses AVX-512 where the CPU has it.
+// Max pooling over windows that tile the input, on the host (prim::max_pool_offsets and
+// prim::max_pool_gather): the JIT's loops over a window's stride-2 elements compile to scalar
+// code with branches (GCC 12 does not vectorize them), ~10x slower than the memory they read;
+// these kernels use AVX-512 where the CPU has it.
 //
-//   cpu::max_pool_offsets(DType::Float32, DType::Int8, x, out, planes, OH, OW, 2, 2);
+//   cpu::max_pool_offsets(DType::Float32, DType::Int8, x, offsets, planes, OH, OW, 2, 2);
+//   cpu::max_pool_gather(DType::Float32, DType::Int8, x, offsets, y, planes, OH, OW, 2, 2);
 #pragma once
 #include <cstdint>
 
@@ -18,5 +20,10 @@ bool supports_max_pool_offsets(DType t);
 // first NaN where the window holds one.
 void max_pool_offsets(DType t, DType offset_t, const void* x, void* out, int64_t planes, int64_t OH, int64_t OW,
                       int64_t kh, int64_t kw);
+
+// out: (planes, OH, OW) of dtype t, each the element of its window at `offsets` (as above). An
+// offset outside its window throws kiln::Error.
+void max_pool_gather(DType t, DType offset_t, const void* x, const void* offsets, void* out, int64_t planes,
+                     int64_t OH, int64_t OW, int64_t kh, int64_t kw);
 
 }  // namespace kiln::cpu

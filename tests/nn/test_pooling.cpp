@@ -417,6 +417,16 @@ TEST_CASE("prim::max_pool_offsets: the first maximum's offset, int8 or int32, an
     Tensor off = prim::max_pool_offsets(cast(x, t), 2, 2, DType::Int8);
     CHECK(off.dtype() == DType::Int8);
     CHECK(off.to_vector<int8_t>() == std::vector<int8_t>{1, 0, 1, 1});
+    // The gather reads the window's element at each offset; one outside its window is an error.
+    const std::vector<double> y = cast(prim::max_pool_gather(cast(x, t), off, 2, 2), DType::Float64).to_vector<double>();
+    CHECK(y[0] == 3);
+    CHECK(y[1] == 5);
+    CHECK((std::isnan(y[2]) && std::isnan(y[3])));
+    for (int8_t bad : {int8_t{2}, int8_t{-1}, int8_t{10}}) {
+      Tensor wrong = from_vector<int8_t>({1, 0, bad, 1}, {1, 1, 1, 4});
+      CHECK_THROWS_WITH(prim::max_pool_gather(cast(x, t), wrong, 2, 2).realize(),
+                        Catch::Contains("max_pool_gather") && Catch::Contains("outside its (2, 2) window"));
+    }
   }
   // Offsets past 127 need int32: (1, 1) of a 200-wide window pair is 201.
   std::vector<float> wide(400, 0.0f);

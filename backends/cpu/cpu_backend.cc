@@ -162,6 +162,8 @@ void run_host_library(const jit::Kernel& k, void* const* ptrs) {
   }
 }
 
-void CpuBackend::run_library(const jit::Kernel& kernel, void* const* ptrs, Device) const { run_host_library(kernel, ptrs); }
+void CpuBackend::run_library(const jit::Kernel& kernel, void* const* ptrs, Device) const {
+  run_host_library(kernel, ptrs);
+}
 
 }  // namespace kiln::cpu

@@ -3,7 +3,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstring>
 #include <type_traits>
 
 #include "core/error.h"
@@ -37,6 +36,9 @@ void rows_scalar(const T* x, O* out, int64_t OW, int64_t kh, int64_t kw, int64_t
   }
 }
 
+// Compiled for AVX-512 whatever the build's -march; called only where the CPU has it.
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+
 // The four elements of 2 x 2 float windows, 16 windows at a time: the even and odd columns of
 // both input rows, deinterleaved from two loads each (masked past the row's end).
 struct Windows2x2 {
@@ -44,7 +46,7 @@ struct Windows2x2 {
   __mmask16 store;  // the n windows of this step
 };
 
-__attribute__((target("avx512f"))) inline Windows2x2 load_2x2(const float* top, int64_t W, int64_t n) {
+AVX512 inline Windows2x2 load_2x2(const float* top, int64_t W, int64_t n) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   const __mmask16 lo = n >= 8 ? 0xFFFF : static_cast<__mmask16>((1u << (2 * n)) - 1);
@@ -59,7 +61,7 @@ __attribute__((target("avx512f"))) inline Windows2x2 load_2x2(const float* top, 
 
 // The arg-max: four compares and three blends per 16 windows, without a branch.
 template <typename O>
-__attribute__((target("avx512f"))) void offsets_2x2_avx512(const float* x, O* out, int64_t OW, int64_t r0,
+AVX512 void offsets_2x2_avx512(const float* x, O* out, int64_t OW, int64_t r0,
                                                             int64_t r1) {
   const int64_t W = 2 * OW;
   const __m512i off1 = _mm512_set1_epi32(1), off2 = _mm512_set1_epi32(static_cast<int>(W)),
@@ -91,7 +93,7 @@ __attribute__((target("avx512f"))) void offsets_2x2_avx512(const float* x, O* ou
 // The element at each offset: three blends per 16 windows. Returns false at an offset that is
 // not one of the window's four.
 template <typename O>
-__attribute__((target("avx512f"))) bool gather_2x2_avx512(const float* x, const O* offsets, float* out, int64_t OW,
+AVX512 bool gather_2x2_avx512(const float* x, const O* offsets, float* out, int64_t OW,
                                                            int64_t r0, int64_t r1) {
   const int64_t W = 2 * OW;
   const __m512i off1 = _mm512_set1_epi32(1), off2 = _mm512_set1_epi32(static_cast<int>(W)),
@@ -102,9 +104,7 @@ __attribute__((target("avx512f"))) bool gather_2x2_avx512(const float* x, const 
       const Windows2x2 w = load_2x2(x + r * 2 * W + 2 * ow, W, n);
       __m512i off;
       if constexpr (sizeof(O) == 1) {
-        alignas(16) int8_t bytes[16] = {};
-        std::memcpy(bytes, offsets + r * OW + ow, static_cast<size_t>(n));
-        off = _mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_load_si128(reinterpret_cast<const __m128i*>(bytes)));
+        off = _mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_maskz_loadu_epi8(w.store, offsets + r * OW + ow));
       } else {
         off = _mm512_maskz_loadu_epi32(w.store, offsets + r * OW + ow);
       }
@@ -133,8 +133,9 @@ bool gather_scalar(const T* x, const O* offsets, T* out, int64_t OW, int64_t kh,
   return true;
 }
 
-bool has_avx512f() {
-  static const bool yes = __builtin_cpu_supports("avx512f");
+bool has_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl");
   return yes;
 }
 
@@ -152,7 +153,7 @@ bool for_row_blocks(int64_t rows, int64_t row_input_elements, Body body) {
 
 template <typename T, typename O>
 void offsets(const T* x, O* out, int64_t planes, int64_t OH, int64_t OW, int64_t kh, int64_t kw) {
-  const bool vector = std::is_same_v<T, float> && kh == 2 && kw == 2 && has_avx512f();
+  const bool vector = std::is_same_v<T, float> && kh == 2 && kw == 2 && has_avx512();
   for_row_blocks(planes * OH, kh * kw * OW, [&](int64_t r0, int64_t r1) {
     if constexpr (std::is_same_v<T, float>)
       if (vector) return offsets_2x2_avx512(x, out, OW, r0, r1), true;
@@ -162,7 +163,7 @@ void offsets(const T* x, O* out, int64_t planes, int64_t OH, int64_t OW, int64_t
 
 template <typename T, typename O>
 bool gather(const T* x, const O* offsets, T* out, int64_t planes, int64_t OH, int64_t OW, int64_t kh, int64_t kw) {
-  const bool vector = std::is_same_v<T, float> && kh == 2 && kw == 2 && has_avx512f();
+  const bool vector = std::is_same_v<T, float> && kh == 2 && kw == 2 && has_avx512();
   return for_row_blocks(planes * OH, kh * kw * OW, [&](int64_t r0, int64_t r1) {
     if constexpr (std::is_same_v<T, float>)
       if (vector) return gather_2x2_avx512(x, offsets, out, OW, r0, r1);
@@ -184,6 +185,8 @@ void check_types(const char* op, DType t, DType offset_t) {
              "takes float32 or float64 values and int8 or int32 offsets; got {} and {}", dtype_name(t),
              dtype_name(offset_t));
 }
+
+#undef AVX512
 
 }  // namespace
 

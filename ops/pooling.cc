@@ -279,13 +279,21 @@ Tensor avg_pool_4d(const Tensor& x, const PoolGeometry& g, bool count_include_pa
   return half ? cast(out, x.dtype()) : out;
 }
 
-// z where x is a pending relu(z) = max(z, 0), else an undefined tensor.
+// z where x is a pending relu(z) = max(z, +0) that gradients flow through as recorded, else an
+// undefined tensor. Not through a gradient boundary: a detached or no-grad copy, a leaf made by
+// requires_grad_ or assign (its gradient goes to the leaf), a checkpoint segment's output (the
+// pooling would read inside the segment and keep what it should recompute).
 Tensor relu_input(const Tensor& x) {
   const Node& n = *x.node();
-  if (n.realized() || n.op != Op::Max || n.inputs.size() != 2 || !is_floating(x.dtype())) return {};
+  if (n.realized() || n.op != Op::Max || n.inputs.size() != 2 || !is_floating(x.dtype()) || n.grad_leaf ||
+      n.segment || n.requires_grad != n.inputs[0]->requires_grad)
+    return {};
   const Node* zero = n.inputs[1].get();
   while ((zero->op == Op::Expand || zero->op == Op::Reshape) && zero->inputs.size() == 1) zero = zero->inputs[0].get();
-  if (zero->realized() || zero->op != Op::Full || zero->scalar != 0.0 || zero->requires_grad) return {};
+  // (max(z, -0.0) gives -0.0 where z <= 0: not relu's bits)
+  if (zero->realized() || zero->op != Op::Full || zero->scalar != 0.0 || std::signbit(zero->scalar) ||
+      zero->requires_grad)
+    return {};
   return Tensor(n.inputs[0]);
 }
 

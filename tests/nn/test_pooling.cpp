@@ -475,3 +475,24 @@ TEST_CASE("max_pool2d of a relu pools first, with the same values and gradients"
   const int64_t saved = kiln::jit::saved_for_backward(max_pool2d(relu(x), {2, 2}).sum(), {x}).activations;
   CHECK(saved <= 2 * 3 * 4 * 4 * 5);
 }
+
+TEST_CASE("the relu rewrite stops at gradient boundaries and at relu against -0.0", "[pooling]") {
+  Tensor z = from_vector<float>({-1, 2, -3, 0, 5, -6, 7, -8, -0.5f, -2, 1, 3, -4, 0, 2, 6}, {1, 1, 4, 4})
+                 .requires_grad_();
+  // A detached relu: no gradient may reach z through the pooling.
+  CHECK_FALSE(max_pool2d(relu(z).detach(), {2, 2}).requires_grad());
+  {
+    NoGradGuard no_grad;
+    Tensor h = relu(z);
+    CHECK_FALSE(max_pool2d(h, {2, 2}).requires_grad());
+  }
+  // A relu made a leaf: its gradient goes to the leaf, not past it to z.
+  Tensor h = relu(z).requires_grad_();
+  Tensor y = max_pool2d(h, {2, 2});
+  CHECK(grad(y.sum(), {h})[0].to_vector<float>() ==
+        std::vector<float>{0, 0, 0, 0, 1, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 1});
+  // max(z, -0.0) keeps -0.0 where z <= 0 (relu gives +0.0), so it is pooled as it is.
+  Tensor neg = from_vector<float>({-1, -2, -3, -4}, {1, 1, 2, 2});
+  const float m = max_pool2d(maximum(neg, full({1, 1, 2, 2}, -0.0)), {2, 2}).to_vector<float>()[0];
+  CHECK((m == 0 && std::signbit(m)));
+}

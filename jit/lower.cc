@@ -424,25 +424,32 @@ bool strided_operand(Lowerer& s, Kernel& k, const Node* in, int& buffer_out, int
   return true;
 }
 
-// The buffer under a convolution operand: decide_materialization gave it one, maybe under reshapes.
+// The buffer under a library operand: decide_materialization gave it one, maybe under reshapes.
 int contiguous_operand(Lowerer& s, Kernel& k, const Node* in) {
   const Node* node = in;
   while (!s.has_slot(node)) {
-    KILN_CHECK(node->op == Op::Reshape, "jit", "convolution operand {} has no buffer", op_name(node->op));
+    KILN_CHECK(node->op == Op::Reshape, "jit", "library operand {} has no buffer", op_name(node->op));
     node = node->inputs[0].get();
   }
   return KernelBuilder(s, k).buffer(s.slot_of.at(node), node->dtype);
 }
 
-Kernel build_collective(Lowerer& s, const Node* node, int slot) {
+// A library kernel writing `node` into `slot`: its kind, output buffer and size; the caller adds
+// the operands and the call.
+Kernel library_kernel(Lowerer& s, KernelKind kind, const Node* node, int slot) {
   Kernel k;
-  k.kind = KernelKind::Collective;
+  k.kind = kind;
   KernelBuilder(s, k).buffer(slot, node->dtype, true);
+  k.out_numel = node->numel();
+  return k;
+}
+
+Kernel build_collective(Lowerer& s, const Node* node, int slot) {
+  Kernel k = library_kernel(s, KernelKind::Collective, node, slot);
   for (const NodePtr& in : node->inputs) {
     k.collective.in_buffers.push_back(contiguous_operand(s, k, in.get()));
     k.collective.counts.push_back(in->numel());
   }
-  k.out_numel = node->numel();
   CollectiveCall& c = k.collective;
   if (node->op == Op::AllReduce) {
     c.op = node->ints[0];
@@ -460,9 +467,7 @@ Kernel build_collective(Lowerer& s, const Node* node, int slot) {
 }
 
 Kernel build_quantized_matmul(Lowerer& s, const Node* node, int slot) {
-  Kernel k;
-  k.kind = KernelKind::QuantizedMatmul;
-  KernelBuilder(s, k).buffer(slot, node->dtype, true);
+  Kernel k = library_kernel(s, KernelKind::QuantizedMatmul, node, slot);
   QuantizedMatmulCall& q = k.quantized;
   q.a_buffer = contiguous_operand(s, k, node->inputs[0].get());
   q.b_buffer = contiguous_operand(s, k, node->inputs[1].get());
@@ -470,15 +475,12 @@ Kernel build_quantized_matmul(Lowerer& s, const Node* node, int slot) {
   q.K = node->inputs[0]->shape[1];
   q.N = node->shape[1];
   q.b_packed = !node->ints.empty();  // prim::quantized_matmul_packed
-  k.out_numel = node->numel();
   k.summary = fmt::format("QuantizedMatmul int8 [{}, {}, {}]{}", q.M, q.K, q.N, q.b_packed ? " packed" : "");
   return k;
 }
 
 Kernel build_conv(Lowerer& s, const Node* node, int slot) {
-  Kernel k;
-  k.kind = KernelKind::Conv;
-  KernelBuilder(s, k).buffer(slot, node->dtype, true);
+  Kernel k = library_kernel(s, KernelKind::Conv, node, slot);
   ConvCall& c = k.conv;
   c.pass = node->op == Op::Conv2d               ? ConvPass::Forward
            : node->op == Op::Conv2dBackwardData ? ConvPass::BackwardData
@@ -486,16 +488,13 @@ Kernel build_conv(Lowerer& s, const Node* node, int slot) {
   c.a_buffer = contiguous_operand(s, k, node->inputs[0].get());
   c.b_buffer = contiguous_operand(s, k, node->inputs[1].get());
   c.geometry = prim::conv_geometry(*node);
-  k.out_numel = node->numel();
   k.summary = fmt::format("{} {} * {} -> {}", op_name(node->op), shape_str(node->inputs[0]->shape),
                           shape_str(node->inputs[1]->shape), shape_str(node->shape));
   return k;
 }
 
 Kernel build_pool(Lowerer& s, const Node* node, int slot) {
-  Kernel k;
-  k.kind = KernelKind::Pool;
-  KernelBuilder(s, k).buffer(slot, node->dtype, true);
+  Kernel k = library_kernel(s, KernelKind::Pool, node, slot);
   PoolCall& p = k.pool;
   p.x_buffer = contiguous_operand(s, k, node->inputs[0].get());
   if (node->op == Op::MaxPoolGather) p.offsets_buffer = contiguous_operand(s, k, node->inputs[1].get());
@@ -504,7 +503,6 @@ Kernel build_pool(Lowerer& s, const Node* node, int slot) {
   p.planes = node->shape[0] * node->shape[1];
   p.OH = node->shape[2];
   p.OW = node->shape[3];
-  k.out_numel = node->numel();
   k.summary = fmt::format("{} {} {}x{} -> {}", op_name(node->op), shape_str(node->inputs[0]->shape), p.kh, p.kw,
                           dtype_name(node->dtype));
   return k;

@@ -70,9 +70,7 @@ Grads max_min_grad(const NodePtr& n, const Tensor& g, bool is_max) {
   // The constant is a Full of the result's shape when recorded lazily; eager mode realizes the
   // Full first and broadcasts it through a reshape and an expand (the same rule applies, or eager
   // relu would split ties).
-  const Node* source = &bn;
-  while ((source->op == Op::Expand || source->op == Op::Reshape) && source->inputs.size() == 1)
-    source = source->inputs[0].get();
+  const Node* source = prim::constant_source(bn);
   if (source->op == Op::Full && !bn.requires_grad) {
     // Against a constant (relu, clamp): a wins exactly where the result differs from the
     // constant, so the backward reads the result, which the next layer keeps anyway, instead of

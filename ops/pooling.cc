@@ -198,13 +198,13 @@ Tensor max_pool_tiled(const Tensor& x, const PoolGeometry& g) {
   const int64_t N = x.size(0), C = x.size(1), OH = g.h.O, OW = g.w.O, W = g.w.L, kh = g.h.kernel, kw = g.w.kernel;
   const int64_t last = (kh - 1) * W + kw - 1;
   const DType offset_t = last <= 127 ? DType::Int8 : DType::Int32;
-  Tensor rows = x.reshape({N, C, OH, kh * W});
   if (library_pool(x.device(), x.dtype())) {
     // The same choice and gather from host kernels: the JIT's loops below compile to scalar code
     // with branches (GCC 12 does not vectorize their short rows of stride-2 loads), several
     // times the time of their reads.
     return prim::max_pool_gather(x, prim::max_pool_offsets(x, kh, kw, offset_t), kh, kw);
   }
+  Tensor rows = x.reshape({N, C, OH, kh * W});
   std::vector<Tensor> element;  // window element (a, b) of every output, row-major: (N, C, OH, OW)
   std::vector<int64_t> offset;
   for (int64_t a = 0; a < kh; ++a)
@@ -288,8 +288,7 @@ Tensor relu_input(const Tensor& x) {
   if (n.realized() || n.op != Op::Max || n.inputs.size() != 2 || !is_floating(x.dtype()) || n.grad_leaf ||
       n.segment || n.requires_grad != n.inputs[0]->requires_grad)
     return {};
-  const Node* zero = n.inputs[1].get();
-  while ((zero->op == Op::Expand || zero->op == Op::Reshape) && zero->inputs.size() == 1) zero = zero->inputs[0].get();
+  const Node* zero = prim::constant_source(*n.inputs[1]);
   // (max(z, -0.0) gives -0.0 where z <= 0: not relu's bits)
   if (zero->realized() || zero->op != Op::Full || zero->scalar != 0.0 || std::signbit(zero->scalar) ||
       zero->requires_grad)

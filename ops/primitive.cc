@@ -349,23 +349,34 @@ Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_y, const Shape
   return make(Op::Conv2dBackwardWeight, x.dtype(), weight_shape, {x, grad_y}, conv);
 }
 
-Tensor max_pool_offsets(const Tensor& x, int64_t kh, int64_t kw, DType offset_t) {
-  KILN_CHECK(x.dim() == 4 && kh > 0 && kw > 0 && x.size(2) % kh == 0 && x.size(3) % kw == 0, "max_pool_offsets",
+const Node* constant_source(const Node& n) {
+  const Node* source = &n;
+  while ((source->op == Op::Expand || source->op == Op::Reshape) && source->inputs.size() == 1)
+    source = source->inputs[0].get();
+  return source;
+}
+
+// The (N, C, H / kh, W / kw) windows of max_pool_offsets and max_pool_gather, after checking that
+// they tile x.
+static Shape pool_windows(const char* op, const Tensor& x, int64_t kh, int64_t kw) {
+  KILN_CHECK(x.dim() == 4 && kh > 0 && kw > 0 && x.size(2) % kh == 0 && x.size(3) % kw == 0, op,
              "needs (N, C, H, W) tiled by ({}, {}) windows; got {}", kh, kw, shape_str(x.shape()));
+  return {x.size(0), x.size(1), x.size(2) / kh, x.size(3) / kw};
+}
+
+Tensor max_pool_offsets(const Tensor& x, int64_t kh, int64_t kw, DType offset_t) {
+  Shape windows = pool_windows("max_pool_offsets", x, kh, kw);
   const int64_t last = (kh - 1) * x.size(3) + kw - 1;
   KILN_CHECK((offset_t == DType::Int8 && last <= 127) || offset_t == DType::Int32, "max_pool_offsets",
              "offsets up to {} do not fit {}; use int32", last, dtype_name(offset_t));
-  return make(Op::MaxPoolOffsets, offset_t, {x.size(0), x.size(1), x.size(2) / kh, x.size(3) / kw}, {x}, {kh, kw});
+  return make(Op::MaxPoolOffsets, offset_t, std::move(windows), {x}, {kh, kw});
 }
 
 Tensor max_pool_gather(const Tensor& x, const Tensor& offsets, int64_t kh, int64_t kw) {
-  const bool tiled = x.dim() == 4 && kh > 0 && kw > 0 && x.size(2) % kh == 0 && x.size(3) % kw == 0;
-  const Shape windows = tiled ? Shape({x.size(0), x.size(1), x.size(2) / kh, x.size(3) / kw}) : Shape();
-  KILN_CHECK(tiled && offsets.shape() == windows &&
-                 (offsets.dtype() == DType::Int8 || offsets.dtype() == DType::Int32),
-             "max_pool_gather", "needs (N, C, H, W) tiled by ({}, {}) windows and int8 or int32 offsets of one per "
-             "window; got {} and {} {}", kh, kw, shape_str(x.shape()), dtype_name(offsets.dtype()),
-             shape_str(offsets.shape()));
+  const Shape windows = pool_windows("max_pool_gather", x, kh, kw);
+  KILN_CHECK(offsets.shape() == windows && (offsets.dtype() == DType::Int8 || offsets.dtype() == DType::Int32),
+             "max_pool_gather", "needs int8 or int32 offsets, one per window of {}: {}; got {} {}",
+             shape_str(x.shape()), shape_str(windows), dtype_name(offsets.dtype()), shape_str(offsets.shape()));
   return make(Op::MaxPoolGather, x.dtype(), offsets.shape(), {x, offsets}, {kh, kw});
 }
 

@@ -107,6 +107,10 @@ Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_y, const Shape
                               const std::vector<int64_t>& conv);
 // The shape of conv2d(x, weight) after checking that shapes and attributes agree.
 Shape conv2d_output_shape(const Shape& x, const Shape& weight, const std::vector<int64_t>& conv);
+// The node under any reshapes and expands of n: a Full there is a constant broadcast to n's shape
+// (lazily recorded constants are Fulls of the result's shape; eager mode realizes the Full first and
+// broadcasts it through a reshape and an expand).
+const Node* constant_source(const Node& n);
 // The geometry of a Conv2d / Conv2dBackwardData / Conv2dBackwardWeight node.
 ConvGeometry conv_geometry(const Node& node);
 

@@ -12,7 +12,7 @@ namespace {
 
 // The window arg-max of output rows [r0, r1) in plain C++: any window, any float type.
 template <typename T, typename O>
-void rows_scalar(const T* x, O* out, int64_t OW, int64_t kh, int64_t kw, int64_t r0, int64_t r1) {
+void offsets_scalar(const T* x, O* out, int64_t OW, int64_t kh, int64_t kw, int64_t r0, int64_t r1) {
   const int64_t W = OW * kw;
   for (int64_t r = r0; r < r1; ++r) {
     const T* row = x + r * kh * W;
@@ -157,7 +157,7 @@ void offsets(const T* x, O* out, int64_t planes, int64_t OH, int64_t OW, int64_t
   for_row_blocks(planes * OH, kh * kw * OW, [&](int64_t r0, int64_t r1) {
     if constexpr (std::is_same_v<T, float>)
       if (vector) return offsets_2x2_avx512(x, out, OW, r0, r1), true;
-    return rows_scalar(x, out, OW, kh, kw, r0, r1), true;
+    return offsets_scalar(x, out, OW, kh, kw, r0, r1), true;
   });
 }
 

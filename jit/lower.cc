@@ -16,6 +16,12 @@ namespace kiln::jit {
 
 namespace {
 
+// A further output of an elementwise kernel: `node`, of the kernel's shape, into `slot`.
+struct SiblingOutput {
+  const Node* node = nullptr;
+  int slot = -1;
+};
+
 struct Lowerer {
   const PendingGraph& graph;
   Schedule& schedule;
@@ -35,10 +41,15 @@ struct Lowerer {
   bool build_kernels();
   bool add_side_output(const Node* node, const std::vector<int>& kernel_of);
   int add_sibling_output(const Node* node, int slot, const std::vector<int>& writer_of_slot);
+  int add_update_output(const Node* node, int slot, const std::vector<int>& writer_of_slot);
   int tileable_product_read(const Node* node, const std::vector<int>& writer_of_slot) const;
+  int replaced_external(const Node* node) const;
   bool replaces_shared_external(const Node* node) const;
 
   std::vector<int> kernel_node_;  // per kernel built: the node it was built for
+  // Per kernel that joined further outputs (add_sibling_output, add_update_output): all of them,
+  // so that another can join it too.
+  std::unordered_map<int, std::vector<SiblingOutput>> more_of_kernel_;
   // How many kernels back a recomputed copy looks for a sibling kernel to join.
   static constexpr int kSiblingWindow = 64;
 };
@@ -91,6 +102,12 @@ class KernelBuilder {
     return push(std::move(e));
   }
   IndexExpr linear(const std::vector<IndexExpr>& idx, const Shape& shape) { return linear_index(k_.ctx, idx, shape); }
+  // `node`, a value this kernel stores (its output or a side store), is expr `id` at multi-index
+  // `idx`: a later root reading that node at that element takes the value, not a load of what this
+  // kernel is about to overwrite.
+  void note_root(const Node* node, int id, const std::vector<IndexExpr>& idx) {
+    roots_[node] = {id, k_.ctx.render(linear(idx, node->shape))};
+  }
   void note(Op op) {
     if (ops_seen_ < 6) k_.summary += fmt::format("{} ", op_name(op));
     ops_seen_++;
@@ -115,6 +132,7 @@ class KernelBuilder {
   const Lowerer& s_;
   Kernel& k_;
   std::map<std::string, int> memo_;
+  std::unordered_map<const Node*, std::pair<int, std::string>> roots_;  // note_root: expr, linear index
   int ops_seen_ = 0;
 };
 
@@ -134,6 +152,9 @@ int KernelBuilder::value(const Node* node, const std::vector<IndexExpr>& idx, bo
     while (!s_.slot_of.count(base) && base->op == Op::Reshape && !base->realized()) base = base->inputs[0].get();
     auto slot = s_.slot_of.find(base);
     if (slot != s_.slot_of.end()) {
+      if (auto root = roots_.find(base);
+          root != roots_.end() && root->second.second == ctx.render(linear(idx, node->shape)))
+        return root->second.first;
       Expr e{Expr::Kind::Load};
       e.dtype = base->dtype;
       e.buffer = buffer(slot->second, base->dtype);
@@ -234,12 +255,6 @@ bool affine_in(const Kernel& k, const std::string& var) {
   return k.ctx.affine_in(k.store_index, var);
 }
 
-// A further output of an elementwise kernel: `node`, of the kernel's shape, into `slot`.
-struct SiblingOutput {
-  const Node* node = nullptr;
-  int slot = -1;
-};
-
 // An elementwise kernel over `shape` as a parallel loop "o" over its first `outer_dims` axes and an
 // inner loop "i" over the rest (outer_dims 0: one flat parallel loop "i"). `more`: values of the
 // same shape stored alongside (one builder, so loads and operations they share are done once).
@@ -269,14 +284,18 @@ Kernel build_elementwise(const Lowerer& s, const Node* node, int slot, size_t ou
     k.store_index = k.ctx.add(k.ctx.scale(o, inner), i);
   }
   k.value = b.value(node, idx, true);
+  b.note_root(node, k.value, idx);
   for (const SiblingOutput& m : more) {
     SideStore store;
     store.buffer = b.buffer(m.slot, m.node->dtype, true);
     store.value = b.value(m.node, idx, true);
+    b.note_root(m.node, store.value, idx);
     k.side_stores.push_back(store);
   }
   k.summary += shape_str(shape);
-  if (!more.empty()) k.summary += fmt::format(" +{} recomputed", more.size());
+  const auto copies = std::count_if(more.begin(), more.end(), [](const SiblingOutput& m) { return m.node->recompute; });
+  if (copies > 0) k.summary += fmt::format(" +{} recomputed", copies);
+  if (more.size() > static_cast<size_t>(copies)) k.summary += fmt::format(" +{} more", more.size() - static_cast<size_t>(copies));
   return k;
 }
 
@@ -564,10 +583,16 @@ bool Lowerer::add_side_output(const Node* node, const std::vector<int>& kernel_o
   auto at = position.find(src);
   if (at == position.end() || kernel_of[at->second] < 0 || src->shape != node->shape) return false;
   Kernel& k = out.kernels[kernel_of[at->second]];
-  if (k.kind != KernelKind::Elementwise || k.buffers[0].slot != slot_of.at(src)) return false;
+  if (k.kind != KernelKind::Elementwise) return false;
+  // The source is the kernel's output or one of its side stores (an update joined to its
+  // momentum's kernel: add_update_output).
+  int source = k.buffers[0].slot == slot_of.at(src) ? k.value : -1;
+  for (const SideStore& side : k.side_stores)
+    if (k.buffers[side.buffer].slot == slot_of.at(src)) source = side.value;
+  if (source < 0) return false;
   KernelBuilder b(*this, k);
   SideStore store;
-  store.value = b.compute(Op::Cast, node->dtype, {k.value});
+  store.value = b.compute(Op::Cast, node->dtype, {source});
   store.buffer = b.buffer(slot_of.at(node), node->dtype, true);
   k.side_stores.push_back(store);
   k.summary += fmt::format(" +{}", dtype_name(node->dtype));
@@ -595,15 +620,18 @@ int Lowerer::tileable_product_read(const Node* node, const std::vector<int>& wri
   return -1;
 }
 
+// The external that `node` replaces (an update `e.assign(...)`), or -1.
+int Lowerer::replaced_external(const Node* node) const {
+  for (size_t o = 0; o < graph.outputs.size(); ++o)
+    if (graph.nodes[graph.outputs[o]].get() == node) return graph.replaced_external[o];
+  return -1;
+}
+
 // Whether `node` is an update `e.assign(...)` of an external value that other nodes read too
 // (a parameter the backward still reads): made earlier, it could no longer overwrite e in place.
 bool Lowerer::replaces_shared_external(const Node* node) const {
-  for (size_t o = 0; o < graph.outputs.size(); ++o) {
-    if (graph.nodes[graph.outputs[o]].get() != node) continue;
-    const int e = graph.replaced_external[o];
-    return e >= 0 && graph.external_edges[e] > 1;
-  }
-  return false;
+  const int e = replaced_external(node);
+  return e >= 0 && graph.external_edges[e] > 1;
 }
 
 // A recomputed copy (memory/recompute.h) of the shape of an earlier elementwise kernel that reads
@@ -649,8 +677,70 @@ int Lowerer::add_sibling_output(const Node* node, int slot, const std::vector<in
     if (reads_output || merged.loops.size() != k.loops.size()) continue;
     merged.name = k.name;
     merged.label = k.label;
+    merged.recompute = k.recompute;  // the kernel's own output's flags (offload, memory::report)
+    merged.backward = k.backward;
     out.kernels[kk] = std::move(merged);
+    more_of_kernel_[kk] = {{node, slot}};
     return kk;
+  }
+  return -1;
+}
+
+// An update `p.assign(f(p, v))` that reads, element for element, a value an earlier elementwise
+// kernel of its shape stores — SGD's `w - lr·v` after the momentum `v = μ·v + g`, Adam's step
+// after its m and v — becomes one more output of that kernel: one pass over the parameter and its
+// state instead of two, and in a weight gradient made tile by tile (jit/tile_matmul.h) the update
+// runs while the tile is in cache. Only where no kernel in between reads p, which the joined
+// update overwrites where that kernel stands; the update's value is the same expression either way.
+int Lowerer::add_update_output(const Node* node, int slot, const std::vector<int>& writer_of_slot) {
+  // (A parameter's new value requires grad as the parameter does, as a leaf: nothing is
+  // differentiated through its computation.)
+  if (!is_elementwise(node->op) || node->realized() || (node->requires_grad && !node->grad_leaf) || node->recompute)
+    return -1;
+  const int external = replaced_external(node);
+  if (external < 0) return -1;
+  const int p_slot = slot_of.at(graph.externals[static_cast<size_t>(external)].get());
+  const Kernel alone = build_elementwise(*this, node, slot);
+  const int n = static_cast<int>(out.kernels.size());
+  for (int kk = n - 1; kk >= 0 && kk >= n - kSiblingWindow; --kk) {
+    const Kernel& k = out.kernels[kk];
+    auto reads = [](const Kernel& kernel, int s) {
+      return std::any_of(kernel.buffers.begin() + 1, kernel.buffers.end(), [s](const KernelBuffer& b) { return b.slot == s; });
+    };
+    std::vector<int> stored = {k.buffers[0].slot};
+    for (const SideStore& side : k.side_stores) stored.push_back(k.buffers[side.buffer].slot);
+    auto stored_here = [&](int s) { return std::find(stored.begin(), stored.end(), s) != stored.end(); };
+    bool shares = false, ready = true;  // reads what k stores; everything else it reads is there
+    for (size_t b = 1; b < alone.buffers.size(); ++b) {
+      const int s = alone.buffers[b].slot;
+      if (stored_here(s)) shares = true;
+      else if (writer_of_slot[s] >= kk) ready = false;
+    }
+    if (!ready) return -1;  // neither here nor earlier
+    const Node* primary = graph.nodes[kernel_node_[kk]].get();
+    auto more = more_of_kernel_.find(kk);
+    const size_t joined = more == more_of_kernel_.end() ? 0 : more->second.size();
+    if (shares && k.kind == KernelKind::Elementwise && primary->shape == node->shape &&
+        (!primary->requires_grad || primary->grad_leaf) &&
+        k.side_stores.size() == joined) {
+      std::vector<SiblingOutput> outputs = joined > 0 ? more->second : std::vector<SiblingOutput>{};
+      outputs.push_back({node, slot});
+      Kernel merged = build_elementwise(*this, primary, k.buffers[0].slot, outputs);
+      // Every value it stores and reads again must come from the computation, not its buffer.
+      const bool reads_own_output = std::any_of(merged.exprs.begin(), merged.exprs.end(), [&](const Expr& e) {
+        return (e.kind == Expr::Kind::Load || e.kind == Expr::Kind::GatherLoad) && merged.buffers[e.buffer].written;
+      });
+      if (!reads_own_output && merged.loops.size() == k.loops.size()) {
+        merged.name = k.name;
+        merged.label = k.label;
+        merged.recompute = k.recompute;
+        merged.backward = k.backward;
+        out.kernels[kk] = std::move(merged);
+        more_of_kernel_[kk] = std::move(outputs);
+        return kk;
+      }
+    }
+    if (reads(k, p_slot) || stored_here(p_slot)) return -1;  // p is read here: the update must come after
   }
   return -1;
 }
@@ -668,6 +758,11 @@ bool Lowerer::build_kernels() {
       continue;
     }
     if (int kk = add_sibling_output(node, slot, writer_of_slot); kk >= 0) {
+      kernel_of[i] = kk;
+      writer_of_slot[slot] = kk;
+      continue;
+    }
+    if (int kk = add_update_output(node, slot, writer_of_slot); kk >= 0) {
       kernel_of[i] = kk;
       writer_of_slot[slot] = kk;
       continue;

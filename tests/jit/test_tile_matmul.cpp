@@ -42,9 +42,10 @@ Tensor forward(const std::vector<Tensor>& params, const Tensor& x) {
 // p.grad(), which the user may read after the step, then (optionally) clipping.
 enum class Style { StepLoss, Backward, BackwardClip };
 
-Run train(bool tiled, const MakeOptimizer& make, Style style = Style::StepLoss, int steps = 3) {
+Run train(bool tiled, const MakeOptimizer& make, Style style = Style::StepLoss, int steps = 3, bool lazy = true) {
   FlagsGuard guard;
   flags().tiled_updates = tiled;
+  flags().lazy = lazy;
   flags().use_cuda = false;  // tiles are the CPU backend's (the suite runs again with KILN_USE_CUDA=1)
   manual_seed(11);
   std::vector<Tensor> params = kiln::testing::make_mlp(kWidths);
@@ -88,8 +89,10 @@ TEST_CASE("tiled updates: every optimizer leaves the parameters bit-identical to
   struct Case {
     std::string name;
     MakeOptimizer make;
-    int tiled = 2;  // Nesterov's parameter update reads the gradient too, after the backward read
-                    // the old parameter: both whole (the update still overwrites its parameter)
+    int tiled = 2;  // Nesterov's parameter update reads the gradient too: where it joins its momentum's
+                    // kernel (the first layer, whose weight only the forward reads) that kernel is
+                    // the gradient's one reader and tiles it; the second layer's update must wait
+                    // for the backward's read of the old weight, so its gradient is read twice, whole
   };
   const std::vector<Case> optimizers = {
       {"SGD", [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(p, optim::SGDOptions(0.1)); }},
@@ -101,7 +104,7 @@ TEST_CASE("tiled updates: every optimizer leaves the parameters bit-identical to
        [](std::vector<Tensor> p) {
          return std::make_unique<optim::SGD>(p, optim::SGDOptions(0.05).momentum(0.9).nesterov(true));
        },
-       0},
+       1},
       {"Adam, weight decay",
        [](std::vector<Tensor> p) {
          return std::make_unique<optim::Adam>(p, optim::AdamOptions(1e-3).weight_decay(1e-2));
@@ -125,6 +128,58 @@ TEST_CASE("tiled updates: every optimizer leaves the parameters bit-identical to
       INFO("parameter " << i);
       REQUIRE(tiled.params[i].size() == whole.params[i].size());
       CHECK(std::memcmp(tiled.params[i].data(), whole.params[i].data(), tiled.params[i].size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("updates join their momentum's kernel: the parameters of op-by-op updates, one pass fewer",
+          "[tile_matmul][optim]") {
+  struct Case {
+    std::string name;
+    MakeOptimizer make;
+    std::string first_layer;  // what the first layer's tiled kernel stores besides its output
+  };
+  const std::vector<Case> optimizers = {
+      {"SGD momentum, weight decay",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<optim::SGD>(p, optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-3));
+       },
+       "+1 more"},  // the momentum, and the weight
+      {"SGD nesterov",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<optim::SGD>(p, optim::SGDOptions(0.05).momentum(0.9).nesterov(true));
+       },
+       "+1 more"},
+      {"Adam, weight decay",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<optim::Adam>(p, optim::AdamOptions(1e-3).weight_decay(1e-2));
+       },
+       "+2 more"},  // m, and v and the weight
+      {"AdamW", [](std::vector<Tensor> p) { return std::make_unique<optim::AdamW>(p, optim::AdamWOptions(1e-3)); },
+       "+2 more"},
+  };
+  for (const auto& [name, make, first_layer] : optimizers) {
+    INFO(name);
+    // Eager mode runs every op as its own kernel: no update joins anything.
+    const Run eager = train(false, make, Style::StepLoss, 3, false);
+    for (bool tiled : {true, false}) {
+      INFO("tiled " << tiled);
+      const Run joined = train(tiled, make);
+      // The first layer's weight and every bias are read only by the forward, so their updates
+      // join the kernel of their momentum (Adam: of v) as one more output; the other two weights
+      // are read by the backward after their momentum is made, and wait for it.
+      int more = 0, tiled_with_update = 0;
+      for (const std::string& summary : joined.layout.kernels) {
+        more += summary.find(" more") != std::string::npos;
+        tiled_with_update += summary.find("tiles of") != std::string::npos && summary.find(first_layer) != std::string::npos;
+      }
+      CHECK(more >= 4);
+      CHECK(tiled_with_update == (tiled ? 1 : 0));
+      REQUIRE(joined.params.size() == eager.params.size());
+      for (size_t i = 0; i < joined.params.size(); ++i) {
+        INFO("parameter " << i);
+        CHECK(std::memcmp(joined.params[i].data(), eager.params[i].data(), eager.params[i].size() * sizeof(float)) == 0);
+      }
     }
   }
 }
@@ -178,4 +233,27 @@ TEST_CASE("tiled updates: poisoned dead buffers do not change the tiled step", "
   }
   CHECK(tiled_kernels(poisoned.layout) == 2);
   CHECK(plain.params == poisoned.params);
+}
+
+TEST_CASE("updates join: only an update reading the value it follows element for element", "[tile_matmul][optim]") {
+  std::vector<float> a(24), b(24);
+  for (int i = 0; i < 24; ++i) a[i] = 0.25f * static_cast<float>(i), b[i] = 1.0f - 0.125f * static_cast<float>(i);
+  // v = v/2 + 1, then p -= v/4, with v read at p's element or (transposed) at another one.
+  auto run = [&](bool lazy, bool transposed) {
+    FlagsGuard guard;
+    flags().lazy = lazy;
+    flags().use_cuda = false;
+    Tensor v = from_vector<float>(a, {4, 6}), p = from_vector<float>(b, {4, 6});
+    v.assign(v * 0.5 + 1.0);
+    p.assign(p - (transposed ? v.reshape({6, 4}).transpose(0, 1).reshape({4, 6}) : v) * 0.25);
+    sync({v, p});
+    std::pair<std::vector<float>, size_t> out{p.to_vector<float>(), lazy ? jit::last_plan_memory().kernels.size() : 0};
+    return out;
+  };
+  for (bool transposed : {false, true}) {
+    INFO("transposed " << transposed);
+    const auto [joined, kernels] = run(true, transposed);
+    CHECK(kernels == (transposed ? 2u : 1u));
+    CHECK(joined == run(false, transposed).first);
+  }
 }

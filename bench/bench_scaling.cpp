@@ -6,6 +6,11 @@
 //
 //   ./build/bench/bench_scaling --batches 1,8,64,512 --width 512     # batch sweep
 //   ./build/bench/bench_scaling --batch 128 --widths 256,1024,4096    # width sweep
+//   ./build/bench/bench_scaling --ratio                               # step / its products at the GEMM rate
+//
+// --ratio alternates blocks of steps with the GEMM-rate measurement in one process and prints the
+// median of the per-round ratios: on a shared host whose speed changes from one minute to the
+// next, both sides of the ratio then see the same moments.
 #include <kiln/kiln.h>
 
 #include <CLI/CLI.hpp>
@@ -29,29 +34,49 @@ struct Mlp : nn::Module {
   Tensor forward(const Tensor& x) { return fc3.forward(kiln::relu(fc2.forward(kiln::relu(fc1.forward(x))))); }
 };
 
-// Median milliseconds per step: 3 steps of warm-up (the first builds the plan), then steps until
-// `seconds` have passed (at least 5, at most 500).
-double step_ms(int64_t batch, int64_t width, double seconds) {
-  kiln::manual_seed(0);
-  Mlp model(width);
-  kiln::optim::SGD opt(model.parameters(), kiln::optim::SGDOptions(0.01).momentum(0.9));
-  Tensor x = kiln::rand({batch, 784}).realize();
-  Tensor y = kiln::cast(kiln::floor(kiln::rand({batch}) * 10.0), kiln::DType::Int64).realize();
-  auto step = [&] {
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+// One model, optimizer and batch (seed the generator first); 3 steps of warm-up (the first
+// builds the plan).
+struct Training {
+  Training(int64_t batch, int64_t width)
+      : model(width),
+        opt(model.parameters(), kiln::optim::SGDOptions(0.01).momentum(0.9)),
+        x(kiln::rand({batch, 784}).realize()),
+        y(kiln::cast(kiln::floor(kiln::rand({batch}) * 10.0), kiln::DType::Int64).realize()) {
+    for (int i = 0; i < 3; ++i) step();
+  }
+  void step() {
     Tensor loss = nn::cross_entropy(model.forward(x), y);
     opt.step(loss);
     loss.item();
-  };
-  for (int i = 0; i < 3; ++i) step();
-  std::vector<double> ms;
-  const auto start = std::chrono::steady_clock::now();
-  while (ms.size() < 5 || (ms.size() < 500 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < seconds)) {
-    const auto t0 = std::chrono::steady_clock::now();
-    step();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-  return ms[ms.size() / 2];
+  // Median milliseconds per step over steps until `seconds` have passed (at least 5, at most 500).
+  double step_ms(double seconds) {
+    std::vector<double> ms;
+    const auto start = std::chrono::steady_clock::now();
+    while (ms.size() < 5 ||
+           (ms.size() < 500 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < seconds)) {
+      const auto t0 = std::chrono::steady_clock::now();
+      step();
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return median(ms);
+  }
+  Mlp model;
+  kiln::optim::SGD opt;
+  Tensor x, y;
+};
+
+// The floating-point operations of the step's matrix products: three forward, three weight
+// gradients, and the input gradients of the two upper layers.
+double step_flops(int64_t batch, int64_t width) {
+  const double B = static_cast<double>(batch), W = static_cast<double>(width);
+  const double forward = 2.0 * B * (784.0 * W + W * W + W * 10.0);
+  return 3.0 * forward - 2.0 * B * 784.0 * W;
 }
 
 // kiln's float32 matmul rate on (n, n) x (n, n), GFLOP/s: the median of `reps` products.
@@ -64,8 +89,7 @@ double gemm_gflops(int64_t n = 1024, int reps = 20) {
     kiln::matmul(a, b).realize();
     s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::nth_element(s.begin(), s.begin() + reps / 2, s.end());
-  return 2.0 * static_cast<double>(n * n * n) / s[reps / 2] / 1e9;
+  return 2.0 * static_cast<double>(n * n * n) / median(s) / 1e9;
 }
 
 }  // namespace
@@ -77,15 +101,42 @@ int main(int argc, char** argv) {
   app.add_option("--batches,--batch", batches, "batch sizes, comma-separated")->delimiter(',')->check(CLI::PositiveNumber);
   app.add_option("--widths,--width", widths, "hidden widths, comma-separated")->delimiter(',')->check(CLI::PositiveNumber);
   app.add_option("--seconds", seconds, "time measured per configuration")->check(CLI::PositiveNumber);
-  bool gemm_rate = false;
+  bool gemm_rate = false, ratio = false;
+  int rounds = 7;
   app.add_flag("--gemm-rate", gemm_rate, "print kiln's float32 matmul rate on 1024^3 (gemm,GFLOP/s) and stop");
+  app.add_flag("--ratio", ratio,
+               "per configuration, alternate blocks of steps with the GEMM rate; print the median of the "
+               "per-round ratios (the step's products at that rate) / (the step)");
+  app.add_option("--rounds", rounds, "rounds of --ratio")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   if (gemm_rate) {
     fmt::print("gemm,{:.1f}\n", gemm_gflops());
     return 0;
   }
+  if (ratio) {
+    fmt::print("framework,batch,width,step_ms,gemm_gflops,products_ms,ratio\n");
+    for (int64_t width : widths)
+      for (int64_t batch : batches) {
+        kiln::manual_seed(0);
+        Training training(batch, width);
+        std::vector<double> steps, rates, ratios;
+        for (int r = 0; r < rounds; ++r) {
+          steps.push_back(training.step_ms(seconds / rounds));
+          rates.push_back(gemm_gflops());
+          ratios.push_back(step_flops(batch, width) / rates.back() / 1e6 / steps.back());
+        }
+        const double rate = median(rates);
+        fmt::print("kiln,{},{},{:.4f},{:.1f},{:.4f},{:.3f}\n", batch, width, median(steps), rate,
+                   step_flops(batch, width) / rate / 1e6, median(ratios));
+      }
+    return 0;
+  }
   fmt::print("framework,batch,width,step_ms\n");
   for (int64_t width : widths)
-    for (int64_t batch : batches) fmt::print("kiln,{},{},{:.4f}\n", batch, width, step_ms(batch, width, seconds));
+    for (int64_t batch : batches) {
+      kiln::manual_seed(0);
+      Training training(batch, width);
+      fmt::print("kiln,{},{},{:.4f}\n", batch, width, training.step_ms(seconds));
+    }
   return 0;
 }

@@ -8,17 +8,12 @@
 #include <memory>
 #include <new>
 
+#include "core/sanitizers.h"
+
 namespace kiln {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(__SANITIZE_HWADDRESS__) || \
-    defined(KILN_NO_BLOCK_CACHE)
+#if KILN_ADDRESS_SANITIZER || KILN_THREAD_SANITIZER || KILN_MEMORY_SANITIZER || defined(KILN_NO_BLOCK_CACHE)
 inline constexpr bool kPoolBlocks = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
-inline constexpr bool kPoolBlocks = false;
-#else
-inline constexpr bool kPoolBlocks = true;
-#endif
 #else
 inline constexpr bool kPoolBlocks = true;
 #endif

@@ -9,20 +9,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/sanitizers.h"
+
 namespace kiln {
 
 // Under AddressSanitizer, Shape checks its indices: extents live inside the object, where an
 // out-of-range read would not reach a redzone as it did past a std::vector's exact-size block.
-#if defined(__SANITIZE_ADDRESS__)
-#define KILN_SHAPE_CHECKED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KILN_SHAPE_CHECKED 1
-#endif
-#endif
-#ifndef KILN_SHAPE_CHECKED
-#define KILN_SHAPE_CHECKED 0
-#endif
+#define KILN_SHAPE_CHECKED KILN_ADDRESS_SANITIZER
 
 // The extents of a tensor: std::vector<int64_t>'s interface, with up to kInline extents held in
 // the object itself. Every op records a few shapes, and with a heap block each they were most of

@@ -246,7 +246,7 @@ void onednn_matmul(DType t, const void* a, const int64_t a_strides[3], const voi
       memory a_mem(plan->a_desc, rt.engine, const_cast<void*>(a));
       memory b_mem(plan->b_desc, rt.engine, const_cast<void*>(b));
       memory c_mem(plan->c_desc, rt.engine, c);
-      SmallWorkOnOneThread small(static_cast<double>(batch) * M * N * K);
+      SmallWorkOnOneThread small(2.0 * static_cast<double>(batch) * M * N * K);
       plan->primitive.execute(rt.stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
       rt.stream.wait();
     }

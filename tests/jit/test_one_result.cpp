@@ -58,10 +58,12 @@ Bits train(std::vector<Tensor> params, const std::function<Tensor(const std::vec
 }
 
 Bits mlp_step() {
-  std::vector<Tensor> params = {param({64, 320}, 1, 0.1f), param({320}, 2, 0.01f), param({320, 10}, 3, 0.1f),
+  // The second layer's products (128 x 512 x 10 and its gradients) are just past the size from
+  // which oneDNN gets both threads (backends/cpu/onednn_runtime.h, SmallWorkOnOneThread).
+  std::vector<Tensor> params = {param({64, 512}, 1, 0.1f), param({512}, 2, 0.01f), param({512, 10}, 3, 0.1f),
                                 param({10}, 4, 0.01f)};
   return train(params, [](const std::vector<Tensor>& p, int step) {
-    Tensor h = stage(relu(stage(matmul(leaf({128, 64}, 10 + step), p[0]) + p[1])));  // (B, 320)
+    Tensor h = stage(relu(stage(matmul(leaf({128, 64}, 10 + step), p[0]) + p[1])));  // (B, 512)
     return cross_entropy(stage(matmul(h, p[2]) + p[3]), labels(128, 10, step));
   });
 }

@@ -95,7 +95,8 @@ double gemm_gflops(int64_t n = 1024, int reps = 20) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"MLP training step time over batch sizes or widths (CSV: framework,batch,width,step_ms)"};
+  CLI::App app{"MLP training step time over batch sizes or widths (CSV: framework,batch,width,step_ms; with\n"
+                "--ratio also gemm_gflops,products_ms,ratio)"};
   std::vector<int64_t> batches = {128}, widths = {512};
   double seconds = 1.0;
   app.add_option("--batches,--batch", batches, "batch sizes, comma-separated")->delimiter(',')->check(CLI::PositiveNumber);

@@ -13,9 +13,12 @@
 
 namespace kiln {
 
-// Under AddressSanitizer, Shape checks its indices: extents live inside the object, where an
-// out-of-range read would not reach a redzone as it did past a std::vector's exact-size block.
+// Under AddressSanitizer (and HWASan), Shape checks its indices: extents live inside the object,
+// where an out-of-range read would not reach a redzone as it did past a std::vector's exact-size
+// block. -DKILN_SHAPE_CHECKED=1 checks them in any build.
+#ifndef KILN_SHAPE_CHECKED
 #define KILN_SHAPE_CHECKED KILN_ADDRESS_SANITIZER
+#endif
 
 // The extents of a tensor: std::vector<int64_t>'s interface, with up to kInline extents held in
 // the object itself. Every op records a few shapes, and with a heap block each they were most of

@@ -105,7 +105,10 @@ class KernelBuilder {
   // `node`, a value this kernel stores (its output or a side store), is expr `id` at multi-index
   // `idx`: a later root reading that node at that element takes the value, not a load of what this
   // kernel is about to overwrite.
+  // (Not for float16/bfloat16: a value stored there is rounded to the type, which a bare scalar
+  // of the kernel may not be yet.)
   void note_root(const Node* node, int id, const std::vector<IndexExpr>& idx) {
+    if (node->dtype == DType::Float16 || node->dtype == DType::BFloat16) return;
     roots_[node] = {id, k_.ctx.render(linear(idx, node->shape))};
   }
   void note(Op op) {
@@ -730,7 +733,11 @@ int Lowerer::add_update_output(const Node* node, int slot, const std::vector<int
       const bool reads_own_output = std::any_of(merged.exprs.begin(), merged.exprs.end(), [&](const Expr& e) {
         return (e.kind == Expr::Kind::Load || e.kind == Expr::Kind::GatherLoad) && merged.buffers[e.buffer].written;
       });
-      if (!reads_own_output && merged.loops.size() == k.loops.size()) {
+      // And p only at the element it stores, or the update could not overwrite p in place there.
+      bool p_in_place = true;
+      for (size_t b = 1; b < merged.buffers.size(); ++b)
+        if (merged.buffers[b].slot == p_slot) p_in_place = reads_at_store_index(merged, static_cast<int>(b));
+      if (!reads_own_output && p_in_place && merged.loops.size() == k.loops.size()) {
         merged.name = k.name;
         merged.label = k.label;
         merged.recompute = k.recompute;
@@ -740,7 +747,9 @@ int Lowerer::add_update_output(const Node* node, int slot, const std::vector<int
         return kk;
       }
     }
-    if (reads(k, p_slot) || stored_here(p_slot)) return -1;  // p is read here: the update must come after
+    // p is read here, so the update must come after; or the kernel can fail, and an update before
+    // it could not be made in place (a failed run leaves every tensor as it was: jit/plan.cc).
+    if (reads(k, p_slot) || stored_here(p_slot) || may_fail(k)) return -1;
   }
   return -1;
 }

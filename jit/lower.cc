@@ -42,6 +42,7 @@ struct Lowerer {
   bool add_side_output(const Node* node, const std::vector<int>& kernel_of);
   int add_sibling_output(const Node* node, int slot, const std::vector<int>& writer_of_slot);
   int add_update_output(const Node* node, int slot, const std::vector<int>& writer_of_slot);
+  bool join_outputs(int kk, std::vector<SiblingOutput> outputs, int read_only_in_place = -1);
   int tileable_product_read(const Node* node, const std::vector<int>& writer_of_slot) const;
   int replaced_external(const Node* node) const;
   bool replaces_shared_external(const Node* node) const;
@@ -671,22 +672,33 @@ int Lowerer::add_sibling_output(const Node* node, int slot, const std::vector<in
     const bool shares = std::any_of(k.buffers.begin() + 1, k.buffers.end(), [&](const KernelBuffer& b) {
       return product >= 0 ? b.slot == product : std::find(reads.begin(), reads.end(), b.slot) != reads.end();
     });
-    if (!shares) continue;
-    Kernel merged = build_elementwise(*this, primary, k.buffers[0].slot, {{node, slot}});
-    // The copy must not read the kernel's own output (another element of it, through a view).
-    const bool reads_output = std::any_of(merged.exprs.begin(), merged.exprs.end(), [](const Expr& e) {
-      return (e.kind == Expr::Kind::Load || e.kind == Expr::Kind::GatherLoad) && e.buffer == 0;
-    });
-    if (reads_output || merged.loops.size() != k.loops.size()) continue;
-    merged.name = k.name;
-    merged.label = k.label;
-    merged.recompute = k.recompute;  // the kernel's own output's flags (offload, memory::report)
-    merged.backward = k.backward;
-    out.kernels[kk] = std::move(merged);
-    more_of_kernel_[kk] = {{node, slot}};
-    return kk;
+    if (shares && join_outputs(kk, {{node, slot}})) return kk;
   }
   return -1;
+}
+
+// Rebuilds kernel kk with `outputs` (all its further outputs, those it had and the new) stored
+// beside its own: one builder, so loads and operations they share are done once. Refused (false,
+// kk unchanged) when the rebuilt kernel would load a buffer it writes — a value it stores, read at
+// another element — or loop differently, or read slot `read_only_in_place` at another element
+// than the one it stores.
+bool Lowerer::join_outputs(int kk, std::vector<SiblingOutput> outputs, int read_only_in_place) {
+  const Kernel& k = out.kernels[kk];
+  Kernel merged = build_elementwise(*this, graph.nodes[kernel_node_[kk]].get(), k.buffers[0].slot, outputs);
+  const bool reads_own_output = std::any_of(merged.exprs.begin(), merged.exprs.end(), [&](const Expr& e) {
+    return (e.kind == Expr::Kind::Load || e.kind == Expr::Kind::GatherLoad) && merged.buffers[e.buffer].written;
+  });
+  if (reads_own_output || merged.loops.size() != k.loops.size()) return false;
+  for (size_t b = 1; b < merged.buffers.size(); ++b)
+    if (merged.buffers[b].slot == read_only_in_place && !reads_at_store_index(merged, static_cast<int>(b)))
+      return false;
+  merged.name = k.name;
+  merged.label = k.label;
+  merged.recompute = k.recompute;  // the kernel's own output's flags (offload, memory::report)
+  merged.backward = k.backward;
+  out.kernels[kk] = std::move(merged);
+  more_of_kernel_[kk] = std::move(outputs);
+  return true;
 }
 
 // An update `p.assign(f(p, v))` that reads, element for element, a value an earlier elementwise
@@ -707,9 +719,8 @@ int Lowerer::add_update_output(const Node* node, int slot, const std::vector<int
   const int n = static_cast<int>(out.kernels.size());
   for (int kk = n - 1; kk >= 0 && kk >= n - kSiblingWindow; --kk) {
     const Kernel& k = out.kernels[kk];
-    auto reads = [](const Kernel& kernel, int s) {
-      return std::any_of(kernel.buffers.begin() + 1, kernel.buffers.end(), [s](const KernelBuffer& b) { return b.slot == s; });
-    };
+    const bool reads_p = std::any_of(k.buffers.begin() + 1, k.buffers.end(),
+                                     [p_slot](const KernelBuffer& b) { return b.slot == p_slot; });
     std::vector<int> stored = {k.buffers[0].slot};
     for (const SideStore& side : k.side_stores) stored.push_back(k.buffers[side.buffer].slot);
     auto stored_here = [&](int s) { return std::find(stored.begin(), stored.end(), s) != stored.end(); };
@@ -728,28 +739,12 @@ int Lowerer::add_update_output(const Node* node, int slot, const std::vector<int
         k.side_stores.size() == joined) {
       std::vector<SiblingOutput> outputs = joined > 0 ? more->second : std::vector<SiblingOutput>{};
       outputs.push_back({node, slot});
-      Kernel merged = build_elementwise(*this, primary, k.buffers[0].slot, outputs);
-      // Every value it stores and reads again must come from the computation, not its buffer.
-      const bool reads_own_output = std::any_of(merged.exprs.begin(), merged.exprs.end(), [&](const Expr& e) {
-        return (e.kind == Expr::Kind::Load || e.kind == Expr::Kind::GatherLoad) && merged.buffers[e.buffer].written;
-      });
-      // And p only at the element it stores, or the update could not overwrite p in place there.
-      bool p_in_place = true;
-      for (size_t b = 1; b < merged.buffers.size(); ++b)
-        if (merged.buffers[b].slot == p_slot) p_in_place = reads_at_store_index(merged, static_cast<int>(b));
-      if (!reads_own_output && p_in_place && merged.loops.size() == k.loops.size()) {
-        merged.name = k.name;
-        merged.label = k.label;
-        merged.recompute = k.recompute;
-        merged.backward = k.backward;
-        out.kernels[kk] = std::move(merged);
-        more_of_kernel_[kk] = std::move(outputs);
-        return kk;
-      }
+      // p read only at the element it stores, or the update could not overwrite p in place there.
+      if (join_outputs(kk, std::move(outputs), p_slot)) return kk;
     }
     // p is read here, so the update must come after; or the kernel can fail, and an update before
     // it could not be made in place (a failed run leaves every tensor as it was: jit/plan.cc).
-    if (reads(k, p_slot) || stored_here(p_slot) || may_fail(k)) return -1;
+    if (reads_p || may_fail(k)) return -1;
   }
   return -1;
 }

@@ -9,7 +9,8 @@
 //   kiln, planner + pool   the plan's arena (every intermediate: activations, gradients and
 //                          temporaries of the step) against its lower bound, the output bytes
 //                          (new parameters and the loss) and the pool's peak reserve;
-//   kiln, budget 0.5       the arena with KILN_MEMORY_BUDGET=0.5 (recomputation; --budget X);
+//   kiln, budget 0.5       the arena with KILN_MEMORY_BUDGET=0.5 (recomputation; --budget X), the
+//                          FLOPs recomputed, and the median step time against the planned one's;
 //   kiln, int8             the arena with KILN_COMPRESS_ACTIVATIONS=int8 (memory/compress.h) and
 //                          what the plan keeps compressed;
 //   kiln, pool none        peak allocated tensor bytes above what was held before the step, and
@@ -31,6 +32,8 @@
 #include <kiln/kiln.h>
 #include <malloc.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -104,19 +107,23 @@ void train_step(std::vector<kiln::Tensor>& params, const kiln::Tensor& x, const 
   kiln::sync(outputs);
 }
 
+// Steps timed after the measured one (the planned and the budgeted configurations).
+constexpr int kTimedSteps = 5;
+
 struct KilnFigures {
   kiln::memory::PlanLayout plan;
   int64_t held_before = 0;        // tensor bytes before the step (parameters, batch)
   int64_t peak_tensor_delta = 0;  // peak tensor bytes during the step minus held_before
   int64_t reserved_before = 0, reserved_peak = 0;
   int64_t rss_delta = -1;  // bytes; -1 when the peak could not be reset
+  double step_ms = 0;      // median time of the steps after it, when timed
   std::string error;       // what kiln::Error said, if the step threw
 };
 
 // One configuration: the pool flag, the memory budget ("" = none), compression of saved
-// activations and where to write a trace.
+// activations and where to write a trace; `timed_steps` more steps give the median step time.
 KilnFigures measure_kiln(const Model& m, kiln::MemoryPool pool, const std::string& budget, bool compress,
-                         const std::string& trace_path) {
+                         const std::string& trace_path, int timed_steps = 0) {
   kiln::FlagsGuard guard;
   kiln::flags().memory_pool = pool;
   kiln::flags().memory_budget = budget;
@@ -147,6 +154,16 @@ KilnFigures measure_kiln(const Model& m, kiln::MemoryPool pool, const std::strin
     f.peak_tensor_delta = kiln::memory::peak_allocated_bytes() - f.held_before;
     f.reserved_peak = kiln::memory::pool_stats().reserved.peak;
     if (auto plan = kiln::memory::last_plan()) f.plan = *plan;
+    std::vector<double> times;
+    for (int i = 0; i < timed_steps; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      train_step(params, x, y, 0.01);
+      times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+    if (!times.empty()) {
+      std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+      f.step_ms = times[times.size() / 2];
+    }
   } catch (const kiln::Error& e) {
     kiln::memory::stop_trace();
     f.error = e.what();
@@ -211,9 +228,9 @@ int main(int argc, char** argv) {
   for (const Model& m : all_models()) {
     if (models.find(m.name) == std::string::npos) continue;
     std::string trace_path = trace_prefix.empty() ? "" : fmt::format("{}_{}.json", trace_prefix, m.name);
-    KilnFigures planned = measure_kiln(m, kiln::MemoryPool::Pool, "", false, trace_path);
+    KilnFigures planned = measure_kiln(m, kiln::MemoryPool::Pool, "", false, trace_path, kTimedSteps);
     if (print_reports) fmt::print("{}\n", kiln::memory::report());
-    KilnFigures budgeted = measure_kiln(m, kiln::MemoryPool::Pool, budget, false, "");
+    KilnFigures budgeted = measure_kiln(m, kiln::MemoryPool::Pool, budget, false, "", kTimedSteps);
     KilnFigures compressed = measure_kiln(m, kiln::MemoryPool::Pool, "", true, "");
     KilnFigures plain = measure_kiln(m, kiln::MemoryPool::None, "", false, "");
     if (!planned.error.empty() || !plain.error.empty() || !compressed.error.empty()) {
@@ -249,9 +266,13 @@ int main(int argc, char** argv) {
         format_bytes(planned.held_before), format_bytes(planned.peak_tensor_delta),
         format_bytes(planned.reserved_before), format_bytes(planned.reserved_peak));
     if (budgeted.error.empty())
-      d += fmt::format("  kiln, KILN_MEMORY_BUDGET={}: arena {} (lower bound {}), {} kernels; tensor bytes peak +{}\n",
-                       budget, format_bytes(budget_arena), format_bytes(budgeted.plan.lower_bound),
-                       budgeted.plan.kernels.size(), format_bytes(budgeted.peak_tensor_delta));
+      d += fmt::format(
+          "  kiln, KILN_MEMORY_BUDGET={}: arena {} (lower bound {}), {} kernels; tensor bytes peak +{}; recomputed "
+          "{:.2f} GFLOP of the step's {:.2f}; step {:.1f} ms vs {:.1f} ms without a budget ({:.2f}x, medians of {})\n",
+          budget, format_bytes(budget_arena), format_bytes(budgeted.plan.lower_bound), budgeted.plan.kernels.size(),
+          format_bytes(budgeted.peak_tensor_delta), budgeted.plan.recomputed_flops * 1e-9,
+          budgeted.plan.step_flops * 1e-9, budgeted.step_ms, planned.step_ms, budgeted.step_ms / planned.step_ms,
+          kTimedSteps);
     else
       d += fmt::format("  kiln, KILN_MEMORY_BUDGET={}: {}\n", budget, budgeted.error);
     d += fmt::format("  kiln, KILN_COMPRESS_ACTIVATIONS=int8: arena {} (lower bound {}), {} kernels; {} saved values "

@@ -242,6 +242,7 @@ void note_recomputed(const memory::RecomputeRewrite& rewrite, size_t values, Rec
 // why the budget is not met when it is not (the choice is then the smallest arena found).
 struct BudgetChoice {
   std::vector<int> dropped, checkpoints;
+  bool chain_per_value = false;
   std::string missed;
   int64_t budget = -1;  // in bytes, for the offload choice of the plan (jit/offload.h)
 };
@@ -267,8 +268,11 @@ int64_t fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& gra
     const bool offloads = flags().offload != "off" && backend_for(graph.nodes.front()->device).offloads();
     if (arena > budget && offloads) choice.arena_bytes = planned_arena(graph, budget);  // with what offload does
     if (choice.arena_bytes > budget)
+      // (Chains of copies per value stay on the host for now: on the emulated CUDA device a GPT
+      // step recomputed that way does not reproduce its bits; see docs/benchmarks.md.)
       choice = memory::choose_recompute(graph.nodes, budget, arena, budget_text,
-                                        [&] { return planned_arena(collect_pending(targets), budget); });
+                                        [&] { return planned_arena(collect_pending(targets), budget); },
+                                        graph.nodes.front()->device.is_cpu());
     // A budget nothing meets: run at the smallest arena found, saying so once per graph (the
     // choice is cached), or stop there under KILN_MEMORY_BUDGET_STRICT=1 (checked on every use).
     // Below what one kernel reads and writes at once, no plan could meet it: say so.
@@ -288,7 +292,7 @@ int64_t fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& gra
                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - search_start).count());
     it = g_recompute_choices
              .emplace(choice_key, BudgetChoice{std::move(choice.dropped), std::move(choice.checkpoints),
-                                               std::move(choice.missed), budget})
+                                               choice.chain_per_value, std::move(choice.missed), budget})
              .first;
   }
   if (!it->second.missed.empty() && flags().memory_budget_strict) {
@@ -297,10 +301,12 @@ int64_t fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& gra
     KILN_FAIL("memory_budget", "{}", missed);
   }
   std::vector<int> dropped = it->second.dropped, checkpoints = it->second.checkpoints;
+  const bool chain_per_value = it->second.chain_per_value;
   const int64_t budget = it->second.budget;
   if (!flags().plan_cache) g_recompute_choices.erase(it);  // decide again next time
   if (dropped.empty()) return budget;
-  note_recomputed(memory::apply_recompute(graph.nodes, dropped, checkpoints), dropped.size(), recomputed);
+  note_recomputed(memory::apply_recompute(graph.nodes, dropped, checkpoints, chain_per_value), dropped.size(),
+                   recomputed);
   graph = collect_pending(targets);
   return budget;
 }

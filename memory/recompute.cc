@@ -193,64 +193,76 @@ std::vector<char> forward_cuts(const std::vector<NodePtr>& nodes, const GraphInd
 }  // namespace
 
 RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::vector<int>& dropped,
-                                 const std::vector<int>& checkpoints) {
+                                 const std::vector<int>& checkpoints, bool chain_per_value) {
   const size_t n = nodes.size();
   GraphIndex index(nodes);
-  std::vector<bool> is_dropped(n, false), is_saved(n, false), needs_copy(n, false);
+  std::vector<bool> is_saved(n, false), needs_copy(n, false);
   for (int p : saved_activations(nodes, index)) is_saved[p] = true;
   for (int p : checkpoints) is_saved[p] = true;
-  for (int p : dropped) is_dropped[p] = true;
-  // The backward (recorded without gradient tracking) reads dropped values, or views of them.
-  auto read_by_backward = [&](const Node& consumer, const NodePtr& in) {
+  // The copies are made group by group: all dropped values in one group, whose copies share
+  // their chains, or each in a group of its own.
+  std::vector<int> group(n, -1);
+  for (size_t g = 0; g < dropped.size(); ++g) group[dropped[g]] = chain_per_value ? static_cast<int>(g) : 0;
+  const int groups = dropped.empty() ? 0 : chain_per_value ? static_cast<int>(dropped.size()) : 1;
+  // The backward (recorded without gradient tracking) reads dropped values of group g, or views
+  // of them.
+  auto read_by_backward = [&](const Node& consumer, const NodePtr& in, int g) {
     int p = index.of(in.get());
-    return !consumer.requires_grad && p >= 0 && index.base[p] >= 0 && is_dropped[index.base[p]] ? p : -1;
+    return !consumer.requires_grad && p >= 0 && index.base[p] >= 0 && group[index.base[p]] == g ? p : -1;
   };
-  for (const NodePtr& consumer : nodes)
-    for (const NodePtr& in : consumer->inputs)
-      if (int p = read_by_backward(*consumer, in); p >= 0) needs_copy[p] = true;
   // A copy reads kept values as they are: saved activations not dropped, gradient leaves and
   // values without gradient tracking (constants, masks, labels); forward values in between are
   // recomputed too.
   auto kept = [&](int p) {
     const Node& node = *nodes[p];
-    return !node.requires_grad || node.grad_leaf || (is_saved[p] && !is_dropped[p]);
+    return !node.requires_grad || node.grad_leaf || (is_saved[p] && group[p] < 0);
   };
-  for (size_t i = n; i-- > 0;) {
-    if (!needs_copy[i]) continue;
-    for (const NodePtr& in : nodes[i]->inputs) {
-      int p = index.of(in.get());
-      if (p >= 0 && !kept(p)) needs_copy[p] = true;
-    }
-  }
-  std::vector<NodePtr> copy(n);
-  for (size_t i = 0; i < n; ++i) {
-    if (!needs_copy[i]) continue;
-    std::vector<NodePtr> inputs;
-    for (const NodePtr& in : nodes[i]->inputs) {
-      int p = index.of(in.get());
-      inputs.push_back(p >= 0 && needs_copy[p] ? copy[p] : in);
-    }
-    copy[i] = recompute_copy(*nodes[i], std::move(inputs));
-  }
   RecomputeRewrite rewrite;
   for (int p : dropped) rewrite.dropped_bytes += static_cast<int64_t>(nodes[p]->nbytes());
-  for (size_t i = 0; i < n; ++i)
-    if (needs_copy[i] && op_kind(nodes[i]->op) != OpKind::Movement) {
-      rewrite.copied_elements += nodes[i]->numel();
-      rewrite.copied_flops += node_flops(*nodes[i]);
-    }
-  for (const NodePtr& consumer : nodes)
-    for (size_t s = 0; s < consumer->inputs.size(); ++s)
-      if (int p = read_by_backward(*consumer, consumer->inputs[s]); p >= 0) {
-        rewrite.edits.push_back({consumer, s, consumer->inputs[s]});
-        consumer->inputs[s] = copy[p];
+  std::vector<NodePtr> copy(n);
+  for (int g = 0; g < groups; ++g) {
+    std::fill(needs_copy.begin(), needs_copy.end(), false);
+    size_t last = 0;
+    for (const NodePtr& consumer : nodes)
+      for (const NodePtr& in : consumer->inputs)
+        if (int p = read_by_backward(*consumer, in, g); p >= 0) {
+          needs_copy[p] = true;
+          last = std::max(last, static_cast<size_t>(p) + 1);
+        }
+    for (size_t i = last; i-- > 0;) {
+      if (!needs_copy[i]) continue;
+      for (const NodePtr& in : nodes[i]->inputs) {
+        int p = index.of(in.get());
+        if (p >= 0 && !kept(p)) needs_copy[p] = true;
       }
+    }
+    for (size_t i = 0; i < last; ++i) {
+      if (!needs_copy[i]) continue;
+      std::vector<NodePtr> inputs;
+      for (const NodePtr& in : nodes[i]->inputs) {
+        int p = index.of(in.get());
+        inputs.push_back(p >= 0 && needs_copy[p] ? copy[p] : in);
+      }
+      copy[i] = recompute_copy(*nodes[i], std::move(inputs));
+      rewrite.copies++;
+      if (op_kind(nodes[i]->op) != OpKind::Movement) {
+        rewrite.copied_elements += nodes[i]->numel();
+        rewrite.copied_flops += node_flops(*nodes[i]);
+      }
+    }
+    for (const NodePtr& consumer : nodes)
+      for (size_t s = 0; s < consumer->inputs.size(); ++s)
+        if (int p = read_by_backward(*consumer, consumer->inputs[s], g); p >= 0) {
+          rewrite.edits.push_back({consumer, s, consumer->inputs[s]});
+          consumer->inputs[s] = copy[p];
+        }
+  }
   return rewrite;
 }
 
 RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budget, int64_t unconstrained_arena,
                                  const std::string& budget_text,
-                                 const std::function<int64_t()>& arena_of_current_graph) {
+                                 const std::function<int64_t()>& arena_of_current_graph, bool chains_per_value) {
   GraphIndex index(nodes);
   std::vector<int> saved = saved_activations(nodes, index);
   const int count = static_cast<int>(saved.size());
@@ -284,7 +296,9 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
   RecomputeChoice best{{}, {}, unconstrained_arena, {}, {}};
   // Weighs dropping the cheap values and the costly ones `keep` does not keep, copies starting
   // from `checkpoints`.
-  auto weigh = [&](const std::function<bool(int)>& keep, std::vector<int> checkpoints, const std::string& policy) {
+  // (With `bound_only`: whether the copies stay within kMaxCopiesPerNode, nothing planned.)
+  auto weigh = [&](const std::function<bool(int)>& keep, std::vector<int> checkpoints, const std::string& policy,
+                   bool chain_per_value = false, bool bound_only = false) {
     RecomputeChoice choice;
     choice.dropped = cheap;
     for (int j = 0; j < n_costly; ++j)
@@ -292,7 +306,15 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
     std::sort(choice.dropped.begin(), choice.dropped.end());
     if (choice.dropped.empty()) return false;
     choice.checkpoints = std::move(checkpoints);
-    RecomputeRewrite rewrite = apply_recompute(nodes, choice.dropped, choice.checkpoints);
+    choice.chain_per_value = chain_per_value;
+    RecomputeRewrite rewrite = apply_recompute(nodes, choice.dropped, choice.checkpoints, chain_per_value);
+    // (Chains per value copy a stretch once per value in it: beyond a few copies per node,
+    // planning the graph costs seconds; such a choice is left out.)
+    const bool within_bound = rewrite.copies <= kMaxCopiesPerNode * static_cast<int64_t>(nodes.size());
+    if (bound_only || !within_bound) {
+      rewrite.undo();
+      return within_bound;
+    }
     try {
       choice.arena_bytes = arena_of_current_graph();
     } catch (...) {
@@ -343,8 +365,8 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
     return best;
   }
   std::vector<char> is_checkpoint(nodes.size(), 0);
-  const int max_k_cuts = std::min(n_cuts, 2 * static_cast<int>(std::ceil(std::sqrt(std::max(n_cuts, 1)))) + 4);
-  for (int k = 2; k <= max_k_cuts; ++k) {
+  // Every k-th checkpoint kept (k > n_cuts: none), the copies shared or each value's own.
+  auto weigh_every_kth = [&](int k, bool chain_per_value, bool bound_only = false) {
     std::vector<int> checkpoints;
     std::fill(is_checkpoint.begin(), is_checkpoint.end(), 0);
     for (int c = 0; c < n_cuts; ++c)
@@ -352,17 +374,41 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
         checkpoints.push_back(cuts[c]);
         is_checkpoint[cuts[c]] = 1;
       }
-    if (weigh([&](int j) { return is_checkpoint[costly[j]] != 0; }, std::move(checkpoints),
-              fmt::format("keeping every {} of {} checkpoints", k, n_cuts)))
-      return best;
-  }
+    const std::string kept_text = k > n_cuts ? fmt::format("keeping none of {} checkpoints", n_cuts)
+                                             : fmt::format("keeping every {} of {} checkpoints", k, n_cuts);
+    return weigh([&](int j) { return is_checkpoint[costly[j]] != 0; }, std::move(checkpoints),
+                 chain_per_value ? kept_text + ", each value recomputed on its own" : kept_text, chain_per_value,
+                 bound_only);
+  };
+  const int max_k_cuts = std::min(n_cuts, 2 * static_cast<int>(std::ceil(std::sqrt(std::max(n_cuts, 1)))) + 4);
+  for (int k = 2; k <= max_k_cuts; ++k)
+    if (weigh_every_kth(k, false)) return best;
   for (int k = 2; k <= max_k; ++k)
     if (weigh([k](int j) { return j % k == k - 1; }, {}, fmt::format("keeping every {} in forward order", k))) return best;
+  // Tier 4: a chain of copies per value. Fewer checkpoints (a larger k) hold fewer bytes, cost
+  // more work and make more copies: the largest k within the copy bound (k = n_cuts + 1: none at
+  // all), then the smallest k that fits (binary searches).
+  if (chains_per_value && n_cuts > 0) {
+    int lo = 1, hi = n_cuts + 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (weigh_every_kth(mid, true, true)) lo = mid;
+      else hi = mid - 1;
+    }
+    if (lo > 1 && weigh_every_kth(lo, true)) {
+      for (hi = lo, lo = 1; lo < hi;) {
+        const int mid = (lo + hi) / 2;
+        if (weigh_every_kth(mid, true)) hi = mid;
+        else lo = mid + 1;
+      }
+      return best;
+    }
+  }
   best.missed = fmt::format(
       "KILN_MEMORY_BUDGET={} allows a {} arena but this plan needs {}; recomputing forward activations "
       "(the {} elementwise work gives back, and of the other {} saved for the backward all but every k-th of {} "
-      "checkpoints, k = 1..{}, or all but every k-th, k = 2..{}) gets it down to {} at best{}. Raise the budget, "
-      "make the batch smaller, or mark segments by hand with kiln::checkpoint",
+      "checkpoints, k = 1..{}, or all but every k-th, k = 2..{}, or all of them, each on its own) gets it down to {} "
+      "at best{}. Raise the budget, make the batch smaller, or mark segments by hand with kiln::checkpoint",
       budget_text, format_bytes(budget), format_bytes(unconstrained_arena), cheap.size(), n_costly, n_cuts,
       max_k_cuts, max_k,
       format_bytes(best.arena_bytes), best.policy.empty() ? "" : fmt::format(" ({})", best.policy));

@@ -55,6 +55,7 @@ struct RecomputeChoice {
   int64_t arena_bytes = 0;  // arena of the rewritten plan
   std::string missed;       // when no choice meets the budget: why (the choice is the smallest arena found)
   std::string policy;       // how the choice was made, for the log
+  bool chain_per_value = false;  // each dropped value recomputed on its own (apply_recompute)
 };
 
 // The pending graph by position, and the buffer each node's value lives in: its own, or for a
@@ -92,6 +93,7 @@ struct RecomputeRewrite {
   int64_t dropped_bytes = 0;     // the dropped values' bytes
   int64_t copied_elements = 0;   // elements the copies compute, one per op (views not counted)
   int64_t copied_flops = 0;      // their work (node_flops)
+  int64_t copies = 0;            // nodes made, views included
   void undo();
 };
 
@@ -100,9 +102,13 @@ struct RecomputeRewrite {
 // directly or through views) at the copy. A chain of copies stops at kept values: saved
 // activations not dropped, weights, values without gradient tracking, and `checkpoints` (forward
 // values kept for the copies to start from although the backward itself does not read them).
-// `nodes`: the pending graph, inputs before consumers.
+// `nodes`: the pending graph, inputs before consumers. With `chain_per_value`, each dropped value
+// gets a chain of copies of its own, which lives only until its backward readers have run: a
+// dropped value between two checkpoints is recomputed once for itself and again inside the
+// chain of each dropped value after it (the work grows with the square of a stretch's length,
+// the memory held by the copies does not grow with it: Revolve-style repetition).
 RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::vector<int>& dropped,
-                                 const std::vector<int>& checkpoints = {});
+                                 const std::vector<int>& checkpoints = {}, bool chain_per_value = false);
 
 // The work of computing `n` once, roughly: 2·M·N·K for a matmul, the multiply-adds of a
 // convolution or attention, one operation per element (the larger of input and output) for the
@@ -122,11 +128,18 @@ int64_t node_flops(const Node& n);
 //     stretches between them recomputed from them, the stretches that free the most bytes per
 //     FLOP (node_flops) first, as few as fit (binary search); then all stretches with only every
 //     k-th checkpoint kept, k = 2 up to about 2√n (√n checkpointing);
-//  3. for graphs with few checkpoints: every k-th saved value kept in forward order.
+//  3. for graphs with few checkpoints: every k-th saved value kept in forward order;
+//  4. with `chains_per_value`, below what √n checkpointing reaches: every saved value but every
+//     k-th checkpoint dropped, each with a chain of copies of its own (chain_per_value), k as
+//     small as fits (binary search), up to no checkpoint at all: deep chains fit in a few
+//     activations' bytes for work that grows with the square of their length. Only choices that
+//     copy at most kMaxCopiesPerNode nodes per node of the graph are planned (with no checkpoint,
+//     a 16-layer MLP copies 2.7; a 4-layer GPT 4.7, whose planning would take seconds).
 // The first choice that fits is taken (the least recomputation).
+inline constexpr int64_t kMaxCopiesPerNode = 3;
 RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budget, int64_t unconstrained_arena,
                                  const std::string& budget_text,
-                                 const std::function<int64_t()>& arena_of_current_graph);
+                                 const std::function<int64_t()>& arena_of_current_graph, bool chains_per_value = true);
 
 // ---- recomputing what is cheap (KILN_RECOMPUTE) ----
 

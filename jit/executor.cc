@@ -268,11 +268,8 @@ int64_t fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& gra
     const bool offloads = flags().offload != "off" && backend_for(graph.nodes.front()->device).offloads();
     if (arena > budget && offloads) choice.arena_bytes = planned_arena(graph, budget);  // with what offload does
     if (choice.arena_bytes > budget)
-      // (Chains of copies per value stay on the host for now: on the emulated CUDA device a GPT
-      // step recomputed that way does not reproduce its bits; see docs/benchmarks.md.)
       choice = memory::choose_recompute(graph.nodes, budget, arena, budget_text,
-                                        [&] { return planned_arena(collect_pending(targets), budget); },
-                                        graph.nodes.front()->device.is_cpu());
+                                        [&] { return planned_arena(collect_pending(targets), budget); });
     // A budget nothing meets: run at the smallest arena found, saying so once per graph (the
     // choice is cached), or stop there under KILN_MEMORY_BUDGET_STRICT=1 (checked on every use).
     // Below what one kernel reads and writes at once, no plan could meet it: say so.

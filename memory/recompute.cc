@@ -262,7 +262,7 @@ RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::v
 
 RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budget, int64_t unconstrained_arena,
                                  const std::string& budget_text,
-                                 const std::function<int64_t()>& arena_of_current_graph, bool chains_per_value) {
+                                 const std::function<int64_t()>& arena_of_current_graph) {
   GraphIndex index(nodes);
   std::vector<int> saved = saved_activations(nodes, index);
   const int count = static_cast<int>(saved.size());
@@ -388,7 +388,7 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
   // Tier 4: a chain of copies per value. Fewer checkpoints (a larger k) hold fewer bytes, cost
   // more work and make more copies: the largest k within the copy bound (k = n_cuts + 1: none at
   // all), then the smallest k that fits (binary searches).
-  if (chains_per_value && n_cuts > 0) {
+  if (n_cuts > 0) {
     int lo = 1, hi = n_cuts + 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;

@@ -129,17 +129,17 @@ int64_t node_flops(const Node& n);
 //     FLOP (node_flops) first, as few as fit (binary search); then all stretches with only every
 //     k-th checkpoint kept, k = 2 up to about 2√n (√n checkpointing);
 //  3. for graphs with few checkpoints: every k-th saved value kept in forward order;
-//  4. with `chains_per_value`, below what √n checkpointing reaches: every saved value but every
-//     k-th checkpoint dropped, each with a chain of copies of its own (chain_per_value), k as
-//     small as fits (binary search), up to no checkpoint at all: deep chains fit in a few
-//     activations' bytes for work that grows with the square of their length. Only choices that
-//     copy at most kMaxCopiesPerNode nodes per node of the graph are planned (with no checkpoint,
-//     a 16-layer MLP copies 2.7; a 4-layer GPT 4.7, whose planning would take seconds).
+//  4. below what √n checkpointing reaches: every saved value but every k-th checkpoint dropped,
+//     each with a chain of copies of its own (chain_per_value), k as small as fits (binary
+//     search), up to no checkpoint at all: deep chains fit in a few activations' bytes for work
+//     that grows with the square of their length. Only choices that copy at most
+//     kMaxCopiesPerNode nodes per node of the graph are planned: planning time grows faster than
+//     the graph (a 2-layer GPT with 2.6 copies per node: 2 s a plan; 0.8: 0.2 s).
 // The first choice that fits is taken (the least recomputation).
-inline constexpr int64_t kMaxCopiesPerNode = 3;
+inline constexpr int64_t kMaxCopiesPerNode = 2;
 RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budget, int64_t unconstrained_arena,
                                  const std::string& budget_text,
-                                 const std::function<int64_t()>& arena_of_current_graph, bool chains_per_value = true);
+                                 const std::function<int64_t()>& arena_of_current_graph);
 
 // ---- recomputing what is cheap (KILN_RECOMPUTE) ----
 

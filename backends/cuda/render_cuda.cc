@@ -594,8 +594,11 @@ std::vector<int> cuda_row_groups(const std::vector<Kernel>& kernels) {
         if (kernels[b - 1].kind != KernelKind::Reduce) break;
       }
       b = b > a ? b - 1 : a;
-      // A row group pays off when a later phase rereads the rows an earlier one read.
-      if (b > a && cols < 32) b = a;
+      // A row group pays off when a later phase rereads the rows an earlier one read. Rows of up
+      // to kThreadPerOutput fold in one thread each on their own (row_reduce) but as a block's
+      // tree in a group: a different order of the sums, so bits that would depend on which
+      // kernels happen to stand next to each other (recomputed copies move them).
+      if (b > a && cols <= kThreadPerOutput) b = a;
       // Too few rows to fill the GPU with a block each: the reductions split their rows instead.
       if (split_parts(rows, cols) > 1) b = a;
     }

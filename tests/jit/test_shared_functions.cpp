@@ -338,6 +338,23 @@ TEST_CASE("CUDA kernels and row groups that differ only in their slots share fun
   CHECK(reused >= 1);
 }
 
+TEST_CASE("CUDA row groups leave out rows one thread folds alone, so a sum's order does not depend on its neighbours",
+          "[jit][cuda]") {
+  // A softmax's max, sum and division over rows: one group from 33 columns up. At 32 and below a
+  // row's reductions fold in one thread each on their own but as a block's tree in a group, so
+  // grouping them would change their bits with the kernels around them (recomputed copies move
+  // kernels about: a GPT step under a budget differed in its embeddings' updates).
+  for (int64_t cols : {16, 32, 33, 64}) {
+    Tensor x = from_vector<float>(ramp(8 * cols, 0.01f, -0.3f), {8, cols});
+    const jit::Program program = jit::lower_for({softmax(x, 1).node()});
+    const std::vector<int> groups = cuda::cuda_row_groups(program.kernels);
+    int grouped = 0;
+    for (size_t k = 0; k < groups.size(); ++k) grouped += groups[k] != static_cast<int>(k);
+    INFO(cols << " columns");
+    CHECK((grouped > 0) == (cols > 32));
+  }
+}
+
 TEST_CASE("shared CUDA functions give each kernel its own buffers, scalars and random stream", "[jit][shared-functions][device]") {
   if (!cuda::available()) return;
   auto layers = [](Device device) {

@@ -101,14 +101,17 @@ TEST_CASE("offload: under a memory budget, offload comes before recomputation", 
     arena = gpt_steps(Device::cuda(0)).plan.arena_bytes;
   }
   flags().memory_budget = "0.6";
-  const Step recomputed = gpt_steps(Device::cuda(0));  // misses: 0.7 at best, with one warning
+  // Recomputation alone fits only with a chain of copies per value (memory/recompute.h, tier 4),
+  // whose kernels stand in another order: the same bits all the same (a reduction's order must
+  // not depend on its neighbours: the CUDA row groups, backends/cuda/render_cuda.cc).
+  const Step recomputed = gpt_steps(Device::cuda(0));
+  require_same(plain, recomputed);
   flags().offload = "auto";
   const Step offloaded = gpt_steps(Device::cuda(0));
   INFO("arena " << arena << " B; at 0.6 recomputing " << recomputed.plan.arena_bytes << " B, offloading "
                 << offloaded.plan.arena_bytes << " B");
   CHECK(offloaded.plan.arena_bytes <= arena * 6 / 10);
   CHECK(offloaded.plan.offloaded_values > 0);
-  CHECK(offloaded.plan.arena_bytes < recomputed.plan.arena_bytes);
   // Offload alone fits: nothing recomputed.
   CHECK(recomputed.plan.recomputed_flops > 0);
   CHECK(offloaded.plan.recomputed_flops == 0);

@@ -255,7 +255,7 @@ TEST_CASE("recompute: a memory budget of half the arena fits and changes no resu
 TEST_CASE("recompute: a budget below what checkpoints reach fits by recomputing each value on its own",
           "[recompute]") {
   FlagsGuard host;
-  flags().use_cuda = false;  // (chains per value are for host plans: executor.cc)
+  flags().use_cuda = false;  // (on a CUDA device this step's plan meets these budgets with the checkpoints)
   StepResult plain = train(0, false);
   StepResult plain_grads = train(0, true);
   const int64_t arena = plain.plan.arena_bytes;

@@ -204,12 +204,20 @@ RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::v
   std::vector<int> group(n, -1);
   for (size_t g = 0; g < dropped.size(); ++g) group[dropped[g]] = chain_per_value ? static_cast<int>(g) : 0;
   const int groups = dropped.empty() ? 0 : chain_per_value ? static_cast<int>(dropped.size()) : 1;
-  // The backward (recorded without gradient tracking) reads dropped values of group g, or views
-  // of them.
-  auto read_by_backward = [&](const Node& consumer, const NodePtr& in, int g) {
-    int p = index.of(in.get());
-    return !consumer.requires_grad && p >= 0 && index.base[p] >= 0 && group[index.base[p]] == g ? p : -1;
+  // The backward (recorded without gradient tracking) reads dropped values, or views of them:
+  // input `slot` of `consumer` is position `p`, of group `g`.
+  struct BackwardRead {
+    NodePtr consumer;
+    size_t slot;
+    int p, g;
   };
+  std::vector<BackwardRead> reads;
+  for (const NodePtr& consumer : nodes) {
+    if (consumer->requires_grad) continue;
+    for (size_t s = 0; s < consumer->inputs.size(); ++s)
+      if (int p = index.of(consumer->inputs[s].get()); p >= 0 && index.base[p] >= 0 && group[index.base[p]] >= 0)
+        reads.push_back({consumer, s, p, group[index.base[p]]});
+  }
   // A copy reads kept values as they are: saved activations not dropped, gradient leaves and
   // values without gradient tracking (constants, masks, labels); forward values in between are
   // recomputed too.
@@ -223,12 +231,11 @@ RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::v
   for (int g = 0; g < groups; ++g) {
     std::fill(needs_copy.begin(), needs_copy.end(), false);
     size_t last = 0;
-    for (const NodePtr& consumer : nodes)
-      for (const NodePtr& in : consumer->inputs)
-        if (int p = read_by_backward(*consumer, in, g); p >= 0) {
-          needs_copy[p] = true;
-          last = std::max(last, static_cast<size_t>(p) + 1);
-        }
+    for (const BackwardRead& r : reads)
+      if (r.g == g) {
+        needs_copy[r.p] = true;
+        last = std::max(last, static_cast<size_t>(r.p) + 1);
+      }
     for (size_t i = last; i-- > 0;) {
       if (!needs_copy[i]) continue;
       for (const NodePtr& in : nodes[i]->inputs) {
@@ -250,12 +257,11 @@ RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::v
         rewrite.copied_flops += node_flops(*nodes[i]);
       }
     }
-    for (const NodePtr& consumer : nodes)
-      for (size_t s = 0; s < consumer->inputs.size(); ++s)
-        if (int p = read_by_backward(*consumer, consumer->inputs[s], g); p >= 0) {
-          rewrite.edits.push_back({consumer, s, consumer->inputs[s]});
-          consumer->inputs[s] = copy[p];
-        }
+    for (const BackwardRead& r : reads)
+      if (r.g == g) {
+        rewrite.edits.push_back({r.consumer, r.slot, r.consumer->inputs[r.slot]});
+        r.consumer->inputs[r.slot] = copy[r.p];
+      }
   }
   return rewrite;
 }

@@ -238,6 +238,30 @@ void note_recomputed(const memory::RecomputeRewrite& rewrite, size_t values, Rec
   sum.flops += rewrite.copied_flops;
 }
 
+// The arena of `graph`'s plan without a budget, which a fraction budget is of: with what
+// KILN_RECOMPUTE recomputes (what memory::report() shows before a budget is set); a cached plan's
+// when it recomputes nothing and offloads nothing.
+int64_t arena_without_budget(const std::vector<NodePtr>& targets, const PendingGraph& graph) {
+  const std::string& mode = flags().recompute;
+  const std::vector<int> cheap =
+      mode == "off" ? std::vector<int>{} : memory::choose_cheap_recompute(graph.nodes, mode == "elementwise");
+  if (cheap.empty()) {
+    auto cached = g_plans.find(graph.key);
+    return cached != g_plans.end() && cached->second->info->offloaded_values == 0 ? cached->second->memory.arena_bytes
+                                                                                   : planned_arena(graph);
+  }
+  memory::RecomputeRewrite rewrite = memory::apply_recompute(graph.nodes, cheap);
+  int64_t arena = 0;
+  try {
+    arena = planned_arena(collect_pending(targets));
+  } catch (...) {
+    rewrite.undo();
+    throw;
+  }
+  rewrite.undo();
+  return arena;
+}
+
 // The budget pass's choices by graph key and budget: positions of the nodes to recompute, and
 // why the budget is not met when it is not (the choice is then the smallest arena found).
 struct BudgetChoice {
@@ -245,23 +269,23 @@ struct BudgetChoice {
   bool chain_per_value = false;
   std::string missed;
   int64_t budget = -1;  // in bytes, for the offload choice of the plan (jit/offload.h)
+  bool as_without = false;  // the graph is left to KILN_RECOMPUTE, as without a budget
 };
 std::unordered_map<std::string, BudgetChoice> g_recompute_choices;
 
 // Under KILN_MEMORY_BUDGET: rewires `graph` so that its plan fits (memory/recompute.h) and
 // collects it again. The rewritten graph has a key of its own, so its plan is cached apart. On a
 // GPU, offloading saved activations (jit/offload.h) comes first: exact and without extra work;
-// recomputation does what it leaves. Returns the budget in bytes.
-int64_t fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& graph, Recomputed& recomputed) {
+// recomputation does what it leaves. Returns the budget in bytes; `as_without` says whether the
+// graph is left to KILN_RECOMPUTE as without a budget (its plan meets the budget, or no choice
+// does better).
+int64_t fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& graph, Recomputed& recomputed,
+                          bool& as_without) {
   const std::string& budget_text = flags().memory_budget;
   std::string choice_key = graph.key + '\0' + budget_text;
   auto it = g_recompute_choices.find(choice_key);
   if (it == g_recompute_choices.end()) {
-    // The unconstrained arena, which a fraction is of: a cached plan's unless it offloads.
-    auto cached = g_plans.find(graph.key);
-    int64_t arena = cached != g_plans.end() && cached->second->info->offloaded_values == 0
-                        ? cached->second->memory.arena_bytes
-                        : planned_arena(graph);
+    const int64_t arena = arena_without_budget(targets, graph);
     int64_t budget = memory::budget_bytes(budget_text, arena);
     memory::RecomputeChoice choice{{}, {}, arena, {}, {}};
     const auto search_start = std::chrono::steady_clock::now();
@@ -287,9 +311,11 @@ int64_t fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& gra
                  memory::format_bytes(budget), memory::format_bytes(arena), memory::format_bytes(choice.arena_bytes),
                  choice.dropped.size(), choice.policy,
                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - search_start).count());
+    const bool leaves_graph = choice.dropped.empty();
     it = g_recompute_choices
              .emplace(choice_key, BudgetChoice{std::move(choice.dropped), std::move(choice.checkpoints),
-                                               choice.chain_per_value, std::move(choice.missed), budget})
+                                               choice.chain_per_value, std::move(choice.missed), budget,
+                                               leaves_graph})
              .first;
   }
   if (!it->second.missed.empty() && flags().memory_budget_strict) {
@@ -300,6 +326,7 @@ int64_t fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& gra
   std::vector<int> dropped = it->second.dropped, checkpoints = it->second.checkpoints;
   const bool chain_per_value = it->second.chain_per_value;
   const int64_t budget = it->second.budget;
+  as_without = it->second.as_without;
   if (!flags().plan_cache) g_recompute_choices.erase(it);  // decide again next time
   if (dropped.empty()) return budget;
   note_recomputed(memory::apply_recompute(graph.nodes, dropped, checkpoints, chain_per_value), dropped.size(),
@@ -319,11 +346,11 @@ std::unordered_map<std::string, CheapChoice> g_cheap_choices;
 // activations elementwise work gives back from what it keeps anyway (memory/recompute.h), and
 // collects it again. The choice is made once per graph key.
 void recompute_cheap_activations(const std::vector<NodePtr>& targets, PendingGraph& graph,
-                                 Recomputed* recomputed = nullptr) {
+                                 Recomputed* recomputed = nullptr, bool within_budget = false) {
   const std::string& mode = flags().recompute;
-  // Under KILN_MEMORY_BUDGET its pass chooses every recomputed value, its fraction still of the
-  // plan without any.
-  if (mode == "off" || !flags().memory_budget.empty()) return;
+  // Under KILN_MEMORY_BUDGET its pass chooses every recomputed value, except where it leaves the
+  // graph as it is (`within_budget`: the plan meets the budget, or nothing does better).
+  if (mode == "off" || (!flags().memory_budget.empty() && !within_budget)) return;
   auto it = g_cheap_choices.find(graph.key);
   if (it == g_cheap_choices.end() || it->second.mode != mode) {
     CheapChoice choice{mode, memory::choose_cheap_recompute(graph.nodes, mode == "elementwise")};
@@ -477,8 +504,9 @@ void realize_once(const std::vector<NodePtr>& targets) {
     KILN_CHECK(n->device == device, op_name(n->op), "{} on {} depends on pending work on {}; move tensors with .to() "
                "before combining them", shape_str(n->shape), n->device.str(), device.str());
   Recomputed recomputed;
-  recompute_cheap_activations(targets, graph, &recomputed);
-  const int64_t budget = flags().memory_budget.empty() ? -1 : fit_memory_budget(targets, graph, recomputed);
+  bool cheap = true;  // KILN_RECOMPUTE's choice, as without a budget
+  const int64_t budget = flags().memory_budget.empty() ? -1 : fit_memory_budget(targets, graph, recomputed, cheap);
+  if (cheap) recompute_cheap_activations(targets, graph, &recomputed, true);
   // The key encodes every node's device: the same graph on another device is another plan.
   Plan* plan = nullptr;
   std::unique_ptr<Plan> uncached;

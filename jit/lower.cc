@@ -665,9 +665,11 @@ int Lowerer::add_sibling_output(const Node* node, int slot, const std::vector<in
   for (int kk = n - 1; kk > latest_input && kk >= n - kSiblingWindow; --kk) {
     const Kernel& k = out.kernels[kk];
     const Node* primary = graph.nodes[kernel_node_[kk]].get();
-    // A forward kernel would make the copy before the backward starts, and keep it through.
-    if (k.kind != KernelKind::Elementwise || !k.side_stores.empty() || primary->shape != node->shape ||
-        primary->requires_grad)
+    // A forward kernel would make the copy before the backward starts, and keep it through: one
+    // with gradient tracking, or one computed from inputs alone (a normalized batch), which is
+    // neither the backward's, a copy, nor a variable's update.
+    const bool forward = primary->requires_grad || (!primary->backward && !primary->recompute && primary->replaces.expired());
+    if (k.kind != KernelKind::Elementwise || !k.side_stores.empty() || primary->shape != node->shape || forward)
       continue;
     const bool shares = std::any_of(k.buffers.begin() + 1, k.buffers.end(), [&](const KernelBuffer& b) {
       return product >= 0 ? b.slot == product : std::find(reads.begin(), reads.end(), b.slot) != reads.end();

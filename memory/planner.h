@@ -30,8 +30,10 @@ struct MemoryPlan {
   std::vector<bool> handed_on;
 };
 
-// Greedy by size (Pisarchyk & Lee 2020): the largest buffers are placed first, each at the
-// best-fitting gap among the already placed buffers whose lifetimes overlap it.
+// Greedy (Pisarchyk & Lee 2020): buffers are placed one by one, each at the best-fitting gap
+// among the already placed buffers whose lifetimes overlap it, the largest first; when that
+// misses the lower bound, the largest by bytes x lifetime first, then the longest-lived first,
+// and the smallest arena of these is kept.
 MemoryPlan plan_memory(const std::vector<BufferRequest>& requests);
 
 }  // namespace kiln::memory

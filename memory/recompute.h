@@ -135,8 +135,11 @@ int64_t node_flops(const Node& n);
 //     that grows with the square of their length. Only choices that copy at most
 //     kMaxCopiesPerNode nodes per node of the graph are planned: planning time grows faster than
 //     the graph (a 2-layer GPT with 2.6 copies per node: 2 s a plan; 0.8: 0.2 s).
-// The first choice that fits is taken (the least recomputation).
+// The first choice that fits is taken (the least recomputation). When none fits, the smallest
+// arena found, a choice replacing a cheaper one only where it saves at least
+// 1/kWorthwhileSaving of the unconstrained arena more.
 inline constexpr int64_t kMaxCopiesPerNode = 2;
+inline constexpr int64_t kWorthwhileSaving = 32;
 RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budget, int64_t unconstrained_arena,
                                  const std::string& budget_text,
                                  const std::function<int64_t()>& arena_of_current_graph);

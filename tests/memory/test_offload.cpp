@@ -94,15 +94,11 @@ TEST_CASE("offload: under a memory budget, offload comes before recomputation", 
   FlagsGuard guard;
   flags().offload = "off";
   const Step plain = gpt_steps(Device::cuda(0));
-  int64_t arena = 0;  // a fraction is of the plan without any recomputation
-  {
-    FlagsGuard no_recompute;
-    flags().recompute = "off";
-    arena = gpt_steps(Device::cuda(0)).plan.arena_bytes;
-  }
+  const int64_t arena = plain.plan.arena_bytes;  // a fraction is of the plan without a budget
   flags().memory_budget = "0.6";
-  // Recomputation alone fits only with a chain of copies per value (memory/recompute.h, tier 4),
-  // whose kernels stand in another order: the same bits all the same (a reduction's order must
+  // Recomputation alone goes furthest with a chain of copies per value (memory/recompute.h,
+  // tier 4; it misses 0.6 by a few KiB, a warning), whose kernels stand in another order: the
+  // same bits all the same (a reduction's order must
   // not depend on its neighbours: the CUDA row groups, backends/cuda/render_cuda.cc).
   const Step recomputed = gpt_steps(Device::cuda(0));
   require_same(plain, recomputed);
@@ -112,9 +108,10 @@ TEST_CASE("offload: under a memory budget, offload comes before recomputation", 
                 << offloaded.plan.arena_bytes << " B");
   CHECK(offloaded.plan.arena_bytes <= arena * 6 / 10);
   CHECK(offloaded.plan.offloaded_values > 0);
-  // Offload alone fits: nothing recomputed.
-  CHECK(recomputed.plan.recomputed_flops > 0);
-  CHECK(offloaded.plan.recomputed_flops == 0);
+  // Offload alone fits: nothing recomputed but what the plan without a budget recomputes
+  // (KILN_RECOMPUTE=cheap).
+  CHECK(recomputed.plan.recomputed_flops > plain.plan.recomputed_flops);
+  CHECK(offloaded.plan.recomputed_flops == plain.plan.recomputed_flops);
   require_same(plain, offloaded);
   // No budget: auto offloads nothing.
   flags().memory_budget = "";

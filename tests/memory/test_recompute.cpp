@@ -151,6 +151,9 @@ TEST_CASE("recompute: checkpointed gradients are bit-identical, dropout included
 }
 
 TEST_CASE("recompute: checkpoint every 4 layers shrinks the arena by at least 40%", "[recompute]") {
+  // What checkpoints save alone: by default the dropout masks are recomputed in both plans.
+  FlagsGuard guard;
+  flags().recompute = "off";
   StepResult plain = train(0, false), checkpointed = train(4, false);
   int64_t without = plain.plan.arena_bytes, with = checkpointed.plan.arena_bytes;
   INFO("arena without checkpoint " << without << " B, with " << with << " B (lower bound " << plain.plan.lower_bound
@@ -261,7 +264,7 @@ TEST_CASE("recompute: a budget below what checkpoints reach fits by recomputing 
   const int64_t arena = plain.plan.arena_bytes;
   // √n checkpointing holds about 2√n of the 15 activations and fits neither; these hold a few,
   // each dropped value recomputed from the nearest kept one for its own backward readers.
-  for (const char* budget : {"0.3", "0.25"}) {
+  for (const char* budget : {"0.45", "0.43"}) {
     FlagsGuard guard;
     flags().memory_budget = budget;
     INFO("KILN_MEMORY_BUDGET=" << budget << ", unconstrained arena " << arena << " B");

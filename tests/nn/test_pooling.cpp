@@ -338,7 +338,7 @@ TEST_CASE("tiled max pooling keeps one byte per output for its backward", "[pool
   CHECK(saved.activations == 2 * 3 * 4 * 4);
   // Overlapping windows take the general path: int32 positions.
   Tensor overlapping = max_pool2d(x, {2, 2}, {1, 1}).sum();
-  CHECK(kiln::jit::saved_for_backward(overlapping, {x}).activations > 2 * 3 * 7 * 7 * 4);
+  CHECK(kiln::jit::saved_for_backward(overlapping, {x}).activations >= 2 * 3 * 7 * 7 * 4);
 }
 
 namespace {

@@ -10,7 +10,7 @@
 //   h = kiln::checkpoint(block, {h})[0];  // parameters captured by `block` get gradients too
 //
 // Automatic: with KILN_MEMORY_BUDGET (flags().memory_budget) set to a size ("512MiB") or to a
-// fraction of the unconstrained plan's arena ("0.5"), the executor rewrites a plan whose arena
+// fraction of the plan's arena without a budget ("0.5"), the executor rewrites a plan whose arena
 // would exceed the budget so that forward activations are recomputed for the backward, or throws
 // kiln::Error saying why it cannot.
 #pragma once
@@ -44,8 +44,8 @@ void recompute_segment(const CheckpointSegment& segment, std::unordered_map<Node
 
 // ---- automatic recomputation under a memory budget ----
 
-// The budget in bytes that flags().memory_budget sets for a plan whose unconstrained arena is
-// `unconstrained_arena`; 0 when no budget is set.
+// The budget in bytes that flags().memory_budget sets for a plan whose arena without a budget
+// (KILN_RECOMPUTE's choice applied) is `unconstrained_arena`; 0 when no budget is set.
 int64_t budget_bytes(const std::string& budget, int64_t unconstrained_arena);
 
 // Which forward activations of a pending graph are recomputed: positions in its node list.

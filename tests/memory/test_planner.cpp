@@ -79,6 +79,18 @@ TEST_CASE("planner: a chain reuses memory and in-place pairs share it", "[planne
   CHECK(in_place.in_place == 3);
 }
 
+TEST_CASE("planner: where largest-first misses the lower bound, another order reaches it", "[planner]") {
+  // Largest first puts the two 4 KiB buffers side by side at 0, so the long-lived 3 KiB ones
+  // meet above them: 10 KiB. Placing by bytes x lifetime first packs them in 7 KiB, the bound.
+  const int64_t k = 1024;
+  const std::vector<memory::BufferRequest> requests = {
+      {2 * k, 1, 1, -1}, {4 * k, 2, 2, -1}, {3 * k, 3, 7, -1}, {4 * k, 4, 7, -1}, {3 * k, 0, 3, -1}};
+  memory::MemoryPlan plan = memory::plan_memory(requests);
+  CHECK(plan.lower_bound == 7 * k);
+  CHECK(plan.arena_bytes == 7 * k);
+  check_disjoint(requests, [&](size_t i) { return plan.offsets[i]; });
+}
+
 using kiln::testing::make_mlp;
 using kiln::testing::mlp_step;
 

@@ -563,3 +563,100 @@ TEST_CASE("cheap recomputation redoes exp where the backward's elementwise kerne
   CHECK(same_bits(kept_grads[0], all_grads[0]));
   CHECK(same_bits(kept_grads[1], all_grads[1]));
 }
+
+namespace {
+
+// As train_mnist: a batch of bytes normalized inside the step, one hidden layer, SGD.
+struct BytesStep {
+  std::vector<std::vector<float>> params;
+  memory::PlanLayout plan;
+};
+constexpr int64_t kBytesBatch = 64, kBytesIn = 96, kBytesHidden = 64;
+BytesStep bytes_step(int steps = 2) {
+  manual_seed(5);
+  std::vector<uint8_t> pixels(kBytesBatch * kBytesIn);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>((i * 37 + i / 7) % 256);
+  Tensor u = from_vector<uint8_t>(pixels, {kBytesBatch, kBytesIn});
+  std::vector<int64_t> labels(kBytesBatch);
+  for (int64_t i = 0; i < kBytesBatch; ++i) labels[i] = i % 10;
+  Tensor y = from_vector<int64_t>(labels, {kBytesBatch});
+  std::vector<Tensor> params = {(randn({kBytesIn, kBytesHidden}) * 0.1).realize().requires_grad_(),
+                                zeros({kBytesHidden}).requires_grad_(),
+                                (randn({kBytesHidden, 10}) * 0.1).realize().requires_grad_()};
+  BytesStep r;
+  for (int s = 0; s < steps; ++s) {
+    // (No handle on the float batch: a value a handle holds is an output of the plan.)
+    Tensor h = relu(matmul((u.cast(DType::Float32) * (1.0 / 255) - 0.286) * (1 / 0.353), params[0]) + params[1]);
+    std::vector<Tensor> grads = grad(cross_entropy(matmul(h, params[2]), y), params);
+    {
+      NoGradGuard no_grad;
+      for (size_t i = 0; i < params.size(); ++i) params[i].assign(params[i] - kLr * grads[i]);
+    }
+    sync(params);
+    r.plan = jit::last_plan_memory();
+  }
+  for (const Tensor& p : params) r.params.push_back(p.to_vector<float>());
+  return r;
+}
+
+// Buffers of the float batch's size that live past the first layer's forward.
+int held_batches(const memory::PlanLayout& plan) {
+  int held = 0;
+  for (const memory::PlannedBuffer& b : plan.buffers)
+    held += b.bytes == kBytesBatch * kBytesIn * 4 && b.last > b.first + 2;
+  return held;
+}
+
+}  // namespace
+
+TEST_CASE("recompute: a batch normalized from bytes is made again for its weight gradient, not kept",
+          "[recompute]") {
+  BytesStep kept;
+  {
+    FlagsGuard guard;
+    flags().recompute = "off";
+    kept = bytes_step();
+  }
+  const BytesStep made_again = bytes_step();
+  INFO("arena kept " << kept.plan.arena_bytes << " B, made again " << made_again.plan.arena_bytes << " B");
+  CHECK(held_batches(kept.plan) == 1);
+  CHECK(held_batches(made_again.plan) == 0);
+  CHECK(made_again.plan.recomputed_values >= 1);
+  CHECK(made_again.plan.arena_bytes < kept.plan.arena_bytes);
+  REQUIRE(kept.params.size() == made_again.params.size());
+  for (size_t i = 0; i < kept.params.size(); ++i) CHECK(same_bits(kept.params[i], made_again.params[i]));
+  // A budget no plan meets recomputes nothing that saves next to nothing: here no matmul.
+  FlagsGuard guard;
+  flags().memory_budget = "0.2";
+  const BytesStep missed = bytes_step();
+  CHECK(missed.plan.recomputed_flops < 2 * kBytesBatch * kBytesIn * kBytesHidden);
+  for (size_t i = 0; i < kept.params.size(); ++i) CHECK(same_bits(kept.params[i], missed.params[i]));
+}
+
+TEST_CASE("recompute: a budget no choice meets takes a costlier choice only for a real saving", "[recompute]") {
+  manual_seed(3);
+  Mlp m = make_mlp();
+  Data d = make_data();
+  std::vector<Tensor> params = m.params();
+  Tensor loss = cross_entropy(forward(m, d.x, 0), d.labels);
+  std::vector<Tensor> grads = grad(loss, params);
+  std::vector<NodePtr> targets = {loss.node()};
+  for (const Tensor& g : grads) targets.push_back(g.node());
+  const jit::PendingGraph graph = jit::collect_pending(targets);
+  const int64_t arena = 1 << 20;
+  // Every choice misses a budget of 1 byte. One that saves 0.01% is not worth its work: the
+  // graph stays as it is. One that saves a quarter is taken.
+  for (const int64_t saving : {int64_t{100}, arena / 4}) {
+    int weighed = 0;
+    const memory::RecomputeChoice choice = memory::choose_recompute(graph.nodes, 1, arena, "1B", [&] {
+      ++weighed;
+      return arena - saving;
+    });
+    CAPTURE(saving);
+    CHECK(weighed > 0);
+    CHECK_FALSE(choice.missed.empty());
+    CHECK(choice.dropped.empty() == (saving == 100));
+    CHECK(choice.arena_bytes == (saving == 100 ? arena : arena - saving));
+  }
+  sync(grads);  // the graph is as it was: it still runs
+}

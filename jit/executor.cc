@@ -238,27 +238,37 @@ void note_recomputed(const memory::RecomputeRewrite& rewrite, size_t values, Rec
   sum.flops += rewrite.copied_flops;
 }
 
-// The arena of `graph`'s plan without a budget, which a fraction budget is of: with what
-// KILN_RECOMPUTE recomputes (what memory::report() shows before a budget is set); a cached plan's
-// when it recomputes nothing and offloads nothing.
-int64_t arena_without_budget(const std::vector<NodePtr>& targets, const PendingGraph& graph) {
+// Positions as collect_pending numbered them: planning a rewired copy of the graph renumbers
+// its nodes, and run_plan indexes by position (old_value_unobserved).
+void renumber(const PendingGraph& graph) {
+  for (size_t i = 0; i < graph.nodes.size(); ++i) graph.nodes[i]->visit_index = static_cast<int64_t>(i);
+  for (size_t e = 0; e < graph.externals.size(); ++e) graph.externals[e]->visit_index = static_cast<int64_t>(e);
+}
+
+// The arena of `graph`'s plan with what KILN_RECOMPUTE recomputes, which a fraction budget is of
+// (what memory::report() shows before a budget is set); with `budget`, as offload (jit/offload.h)
+// plans it under that budget. A cached plan's when it recomputes nothing and offloads nothing.
+int64_t arena_without_budget(const std::vector<NodePtr>& targets, const PendingGraph& graph, int64_t budget = -1) {
   const std::string& mode = flags().recompute;
   const std::vector<int> cheap =
       mode == "off" ? std::vector<int>{} : memory::choose_cheap_recompute(graph.nodes, mode == "elementwise");
   if (cheap.empty()) {
     auto cached = g_plans.find(graph.key);
-    return cached != g_plans.end() && cached->second->info->offloaded_values == 0 ? cached->second->memory.arena_bytes
-                                                                                   : planned_arena(graph);
+    return budget < 0 && cached != g_plans.end() && cached->second->info->offloaded_values == 0
+               ? cached->second->memory.arena_bytes
+               : planned_arena(graph, budget);
   }
   memory::RecomputeRewrite rewrite = memory::apply_recompute(graph.nodes, cheap);
   int64_t arena = 0;
   try {
-    arena = planned_arena(collect_pending(targets));
+    arena = planned_arena(collect_pending(targets), budget);
   } catch (...) {
     rewrite.undo();
+    renumber(graph);
     throw;
   }
   rewrite.undo();
+  renumber(graph);
   return arena;
 }
 
@@ -290,10 +300,11 @@ int64_t fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& gra
     memory::RecomputeChoice choice{{}, {}, arena, {}, {}};
     const auto search_start = std::chrono::steady_clock::now();
     const bool offloads = flags().offload != "off" && backend_for(graph.nodes.front()->device).offloads();
-    if (arena > budget && offloads) choice.arena_bytes = planned_arena(graph, budget);  // with what offload does
+    if (arena > budget && offloads) choice.arena_bytes = arena_without_budget(targets, graph, budget);  // offloading
     if (choice.arena_bytes > budget)
       choice = memory::choose_recompute(graph.nodes, budget, arena, budget_text,
                                         [&] { return planned_arena(collect_pending(targets), budget); });
+    renumber(graph);  // (the search planned rewired copies of it)
     // A budget nothing meets: run at the smallest arena found, saying so once per graph (the
     // choice is cached), or stop there under KILN_MEMORY_BUDGET_STRICT=1 (checked on every use).
     // Below what one kernel reads and writes at once, no plan could meet it: say so.

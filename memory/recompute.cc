@@ -127,7 +127,7 @@ std::vector<char> input_derived(const std::vector<NodePtr>& nodes, const GraphIn
   std::vector<char> derived(nodes.size(), 0);
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = *nodes[i];
-    if (n.requires_grad || n.backward || n.recompute || n.saved_copy ||
+    if (n.requires_grad || n.backward || n.recompute || n.saved_copy || !n.replaces.expired() ||
         !(is_elementwise(n.op) || op_kind(n.op) == OpKind::Movement))
       continue;
     derived[i] = std::all_of(n.inputs.begin(), n.inputs.end(), [&](const NodePtr& in) {
@@ -136,6 +136,14 @@ std::vector<char> input_derived(const std::vector<NodePtr>& nodes, const GraphIn
     });
   }
   return derived;
+}
+
+// Whether `consumer`, which has no gradient tracking and is not input_derived itself, reads a
+// value for the backward: any such reader of an activation; of an input_derived value, only the
+// backward's own readers (forward work without gradients, a metric say, or an update reads it
+// where it stands).
+bool backward_read(const Node& consumer, bool value_derived) {
+  return !value_derived || consumer.backward || consumer.recompute;
 }
 
 // Saved activations: forward values (recorded with gradient tracking, or input_derived) that the
@@ -149,7 +157,10 @@ std::vector<int> saved_activations(const std::vector<NodePtr>& nodes, const Grap
     if (op_kind(consumer.op) == OpKind::Movement && forward) continue;  // a view, not a use
     for (const NodePtr& in : consumer.inputs) {
       int p = index.of(in.get());
-      if (p >= 0 && index.base[p] >= 0) (forward ? forward_use : backward_use)[index.base[p]] = true;
+      if (p < 0 || index.base[p] < 0) continue;
+      const int b = index.base[p];
+      if (forward) forward_use[b] = true;
+      else if (backward_read(consumer, derived[b] != 0)) backward_use[b] = true;
     }
   }
   std::vector<int> saved;
@@ -227,8 +238,8 @@ RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::v
   std::vector<int> group(n, -1);
   for (size_t g = 0; g < dropped.size(); ++g) group[dropped[g]] = chain_per_value ? static_cast<int>(g) : 0;
   const int groups = dropped.empty() ? 0 : chain_per_value ? static_cast<int>(dropped.size()) : 1;
-  // The backward (recorded without gradient tracking) reads dropped values, or views of them:
-  // input `slot` of `consumer` is position `p`, of group `g`.
+  // The backward (recorded without gradient tracking; backward_read) reads dropped values, or
+  // views of them: input `slot` of `consumer` is position `p`, of group `g`.
   struct BackwardRead {
     NodePtr consumer;
     size_t slot;
@@ -239,7 +250,8 @@ RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::v
     const NodePtr& consumer = nodes[c];
     if (consumer->requires_grad || derived[c]) continue;
     for (size_t s = 0; s < consumer->inputs.size(); ++s)
-      if (int p = index.of(consumer->inputs[s].get()); p >= 0 && index.base[p] >= 0 && group[index.base[p]] >= 0)
+      if (int p = index.of(consumer->inputs[s].get()); p >= 0 && index.base[p] >= 0 && group[index.base[p]] >= 0 &&
+                                                        backward_read(*consumer, derived[index.base[p]] != 0))
         reads.push_back({consumer, s, p, group[index.base[p]]});
   }
   // A copy reads kept values as they are: saved activations not dropped, gradient leaves and

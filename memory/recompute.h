@@ -99,9 +99,11 @@ struct RecomputeRewrite {
 
 // Gives each dropped node (and the forward nodes between it and the kept ones) a recomputed copy
 // and points its backward consumers (those recorded without gradient tracking, reading it
-// directly or through views) at the copy. A chain of copies stops at kept values: saved
-// activations not dropped, weights, values without gradient tracking, and `checkpoints` (forward
-// values kept for the copies to start from although the backward itself does not read them).
+// directly or through views; of a value made from inputs alone, those a gradient rule recorded)
+// at the copy. A chain of copies stops at kept values: saved activations not dropped, weights,
+// values without gradient tracking not made from inputs alone by elementwise work (those are
+// copied too, from the inputs), and `checkpoints` (forward values kept for the copies to start
+// from although the backward itself does not read them).
 // `nodes`: the pending graph, inputs before consumers. With `chain_per_value`, each dropped value
 // gets a chain of copies of its own, which lives only until its backward readers have run: a
 // dropped value between two checkpoints is recomputed once for itself and again inside the
@@ -116,8 +118,8 @@ RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::v
 int64_t node_flops(const Node& n);
 
 // Chooses activations to recompute so the plan fits `budget` bytes. `arena_of_current_graph`
-// plans the graph as it is wired now and returns its arena size. Leaves the graph as it found
-// it. When no choice fits, returns the one with the smallest arena found and says why in `missed`
+// plans the graph as it is wired now and returns its arena size. Leaves the graph wired as it
+// found it (a plan of a rewired graph renumbers its nodes' visit_index: the caller renumbers). When no choice fits, returns the one with the smallest arena found and says why in `missed`
 // (the caller warns, or throws under KILN_MEMORY_BUDGET_STRICT); a plan that keeps no activation
 // for a backward is an Error (nothing to recompute), except that a fraction budget leaves it alone
 // (it budgets what a backward keeps). The policy, cheapest first:
@@ -136,8 +138,8 @@ int64_t node_flops(const Node& n);
 //     kMaxCopiesPerNode nodes per node of the graph are planned: planning time grows faster than
 //     the graph (a 2-layer GPT with 2.6 copies per node: 2 s a plan; 0.8: 0.2 s).
 // The first choice that fits is taken (the least recomputation). When none fits, the smallest
-// arena found, a choice replacing a cheaper one only where it saves at least
-// 1/kWorthwhileSaving of the unconstrained arena more.
+// arena found, a choice replacing a cheaper one only where it saves more than
+// 1/kWorthwhileSaving of the unconstrained arena beyond it.
 inline constexpr int64_t kMaxCopiesPerNode = 2;
 inline constexpr int64_t kWorthwhileSaving = 32;
 RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budget, int64_t unconstrained_arena,

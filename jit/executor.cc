@@ -238,6 +238,27 @@ void note_recomputed(const memory::RecomputeRewrite& rewrite, size_t values, Rec
   sum.flops += rewrite.copied_flops;
 }
 
+// KILN_RECOMPUTE's choices by graph key (made for the mode that is named).
+struct CheapChoice {
+  std::string mode;
+  std::vector<int> dropped;
+};
+std::unordered_map<std::string, CheapChoice> g_cheap_choices;
+
+// KILN_RECOMPUTE's choice for `graph` (flags().recompute not "off"), made once per graph key.
+const std::vector<int>& cheap_choice(const PendingGraph& graph) {
+  const std::string& mode = flags().recompute;
+  auto it = g_cheap_choices.find(graph.key);
+  if (it == g_cheap_choices.end() || it->second.mode != mode) {
+    CheapChoice choice{mode, memory::choose_cheap_recompute(graph.nodes, mode == "elementwise")};
+    if (flags().log >= 1 && !choice.dropped.empty())
+      fmt::print(stderr, "[kiln] recomputing {} activations for the backward (KILN_RECOMPUTE={})\n",
+                 choice.dropped.size(), mode);
+    it = g_cheap_choices.insert_or_assign(graph.key, std::move(choice)).first;
+  }
+  return it->second.dropped;
+}
+
 // Positions as collect_pending numbered them: planning a rewired copy of the graph renumbers
 // its nodes, and run_plan indexes by position (old_value_unobserved).
 void renumber(const PendingGraph& graph) {
@@ -249,9 +270,8 @@ void renumber(const PendingGraph& graph) {
 // (what memory::report() shows before a budget is set); with `budget`, as offload (jit/offload.h)
 // plans it under that budget. A cached plan's when it recomputes nothing and offloads nothing.
 int64_t arena_without_budget(const std::vector<NodePtr>& targets, const PendingGraph& graph, int64_t budget = -1) {
-  const std::string& mode = flags().recompute;
-  const std::vector<int> cheap =
-      mode == "off" ? std::vector<int>{} : memory::choose_cheap_recompute(graph.nodes, mode == "elementwise");
+  static const std::vector<int> none;
+  const std::vector<int>& cheap = flags().recompute == "off" ? none : cheap_choice(graph);
   if (cheap.empty()) {
     auto cached = g_plans.find(graph.key);
     return budget < 0 && cached != g_plans.end() && cached->second->info->offloaded_values == 0
@@ -301,10 +321,11 @@ int64_t fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& gra
     const auto search_start = std::chrono::steady_clock::now();
     const bool offloads = flags().offload != "off" && backend_for(graph.nodes.front()->device).offloads();
     if (arena > budget && offloads) choice.arena_bytes = arena_without_budget(targets, graph, budget);  // offloading
-    if (choice.arena_bytes > budget)
+    if (choice.arena_bytes > budget) {
       choice = memory::choose_recompute(graph.nodes, budget, arena, budget_text,
                                         [&] { return planned_arena(collect_pending(targets), budget); });
-    renumber(graph);  // (the search planned rewired copies of it)
+      renumber(graph);  // (the search planned rewired copies of it)
+    }
     // A budget nothing meets: run at the smallest arena found, saying so once per graph (the
     // choice is cached), or stop there under KILN_MEMORY_BUDGET_STRICT=1 (checked on every use).
     // Below what one kernel reads and writes at once, no plan could meet it: say so.
@@ -346,12 +367,6 @@ int64_t fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& gra
   return budget;
 }
 
-// KILN_RECOMPUTE's choices by graph key (made for the mode that is named).
-struct CheapChoice {
-  std::string mode;
-  std::vector<int> dropped;
-};
-std::unordered_map<std::string, CheapChoice> g_cheap_choices;
 
 // KILN_RECOMPUTE (cheap, elementwise): rewires `graph` so that the backward recomputes the saved
 // activations elementwise work gives back from what it keeps anyway (memory/recompute.h), and
@@ -362,22 +377,14 @@ void recompute_cheap_activations(const std::vector<NodePtr>& targets, PendingGra
   // Under KILN_MEMORY_BUDGET its pass chooses every recomputed value, except where it leaves the
   // graph as it is (`within_budget`: the plan meets the budget, or nothing does better).
   if (mode == "off" || (!flags().memory_budget.empty() && !within_budget)) return;
-  auto it = g_cheap_choices.find(graph.key);
-  if (it == g_cheap_choices.end() || it->second.mode != mode) {
-    CheapChoice choice{mode, memory::choose_cheap_recompute(graph.nodes, mode == "elementwise")};
-    if (flags().log >= 1 && !choice.dropped.empty())
-      fmt::print(stderr, "[kiln] recomputing {} activations for the backward (KILN_RECOMPUTE={})\n",
-                 choice.dropped.size(), mode);
-    it = g_cheap_choices.insert_or_assign(graph.key, std::move(choice)).first;
-  }
   // (Read in place: this runs on every replay.)
-  const std::vector<int>& dropped = it->second.dropped;
+  const std::vector<int>& dropped = cheap_choice(graph);
   if (!dropped.empty()) {
     const memory::RecomputeRewrite rewrite = memory::apply_recompute(graph.nodes, dropped);
     if (recomputed) note_recomputed(rewrite, dropped.size(), *recomputed);
   }
   const bool rewired = !dropped.empty();
-  if (!flags().plan_cache) g_cheap_choices.erase(it);  // decide again next time
+  if (!flags().plan_cache) g_cheap_choices.erase(graph.key);  // decide again next time
   if (rewired) graph = collect_pending(targets);
 }
 

@@ -668,7 +668,8 @@ int Lowerer::add_sibling_output(const Node* node, int slot, const std::vector<in
     // A forward kernel would make the copy before the backward starts, and keep it through: one
     // with gradient tracking, or one computed from inputs alone (a normalized batch), which is
     // neither the backward's, a copy, nor a variable's update.
-    const bool forward = primary->requires_grad || (!primary->backward && !primary->recompute && primary->replaces.expired());
+    const bool forward =
+        primary->requires_grad || (!primary->backward && !primary->recompute && primary->replaces.expired());
     if (k.kind != KernelKind::Elementwise || !k.side_stores.empty() || primary->shape != node->shape || forward)
       continue;
     const bool shares = std::any_of(k.buffers.begin() + 1, k.buffers.end(), [&](const KernelBuffer& b) {

@@ -112,7 +112,6 @@ MemoryPlan plan_memory(const std::vector<BufferRequest>& requests) {
     }
     if (plan.arena_bytes <= plan.lower_bound) break;
   }
-  if (groups.empty()) plan.arena_bytes = 0;
   for (size_t g = 0; g < groups.size(); ++g) groups[g].offset = best_offsets[g];
   for (size_t i = 0; i < n; ++i) plan.offsets[i] = groups[group_of[i]].offset;
   return plan;

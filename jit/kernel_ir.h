@@ -148,15 +148,20 @@ struct SideStore {
   int value = -1;
 };
 
-// Elementwise: one operand made tile by tile inside the kernel. Buffer `buffer` is the (M, N)
-// product of the kernel's `matmul`, which no other kernel reads; it is computed `rows` rows at a
-// time into a scratch buffer of one tile, each tile just before the kernel's loop 0 runs over it
-// (`loop_per_tile` iterations per tile; the function takes the range). The whole product never
-// exists: a weight gradient read only by its optimizer update (jit/tile_matmul.h).
+// Elementwise: a matmul run tile by tile inside the kernel (jit/tile_matmul.h), so that a whole
+// product or operand never exists. The kernel's loop 0 runs over a range per tile
+// (`loop_per_tile` iterations; the function takes the range). Two ways:
+// - product (operand false): buffer `buffer` is the (M, N) product of the kernel's `matmul`, which
+//   no other kernel reads; it is computed `rows` rows at a time into a scratch buffer of one tile,
+//   each tile just before the loop runs over it: a weight gradient read only by its update.
+// - operand: the kernel's own output, buffers[0], is the (K, N) B operand of `matmul`
+//   (b_buffer 0), made `rows` rows at a time into a scratch buffer of one block, each block then
+//   summed into the product, buffer `buffer` (written), in the steps of jit::matmul_k_block.
 struct MatmulTiles {
   int buffer = -1;
   int64_t rows = 0;
   int64_t loop_per_tile = 0;
+  bool operand = false;
 };
 
 struct Kernel {

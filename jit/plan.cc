@@ -19,8 +19,9 @@ namespace {
 // reads that buffer only at the element it writes (so each element is read before it is written).
 bool reads_only_in_place(const Kernel& k, int b) {
   if (k.kind != KernelKind::Elementwise) return false;
-  // A tile's matmul reads whole rows and columns of its operands, other tiles' elements too.
-  if (k.tiles.buffer >= 0 && (b == k.matmul.a_buffer || b == k.matmul.b_buffer)) return false;
+  // A tile's matmul reads whole rows and columns of its operands, other tiles' elements too; a
+  // kernel making an operand block by block writes every block over the same scratch.
+  if (k.tiles.buffer >= 0 && (k.tiles.operand || b == k.matmul.a_buffer || b == k.matmul.b_buffer)) return false;
   return reads_at_store_index(k, b);
 }
 
@@ -120,12 +121,17 @@ void plan_buffers(Plan& plan) {
       slot_of_request.push_back(slot);
       requests.push_back({bytes_of(slot), first, plan.last_use[slot], -1});
     }
-    // A tiled matmul's scratch (jit/tile_matmul.h) lives while its reader runs.
+    // A tiled matmul's scratch (jit/tile_matmul.h) lives while its reader runs; the product of a
+    // kernel that makes its operand block by block lives on like any output.
     if (kernel.tiles.buffer >= 0) {
-      const int scratch = kernel.buffers[kernel.tiles.buffer].slot;
-      request_of[scratch] = static_cast<int>(requests.size());
-      slot_of_request.push_back(scratch);
-      requests.push_back({bytes_of(scratch), first, static_cast<int>(k), -1});
+      const int slot = kernel.buffers[kernel.tiles.buffer].slot;
+      if (!kernel.tiles.operand || intermediate(slot)) {
+        request_of[slot] = static_cast<int>(requests.size());
+        slot_of_request.push_back(slot);
+        requests.push_back({bytes_of(slot), first, kernel.tiles.operand ? plan.last_use[slot] : static_cast<int>(k), -1});
+      } else {
+        plan.output_bytes += bytes_of(slot);
+      }
     }
     if (!writes_output(kernel)) continue;  // a transfer's join
     int out = kernel.buffers[0].slot;

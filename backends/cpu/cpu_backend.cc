@@ -46,7 +46,9 @@ class HostRun final : public jit::KernelRun {
     const std::vector<int>& slots = bindings_[k].buffer_slots;
     for (size_t b = 0; b < slots.size(); ++b) local_buffers_[b] = ptrs[slots[b]];
     int64_t error[2] = {0, 0};
-    if (kernels_[k].tiles.buffer >= 0)
+    if (kernels_[k].tiles.operand)
+      launch_operand_tiles(k, error);
+    else if (kernels_[k].tiles.buffer >= 0)
       launch_tiles(k, error);
     else
       fns_[k](local_buffers_.data(), local_scalars_.data() + scalar_start_[k], local_ints_.data() + int_start_[k], error);
@@ -77,6 +79,27 @@ class HostRun final : public jit::KernelRun {
       local_buffers_[static_cast<size_t>(tiles.buffer)] = scratch - row * mm.N * es;
       fn(local_buffers_.data(), local_scalars_.data() + scalar_start_[k], local_ints_.data() + int_start_[k], error,
          lo, std::min(loop_end, lo + tiles.loop_per_tile));
+    }
+  }
+
+  // Each block: its rows of the operand into the scratch buffer (the kernel's output, its address
+  // moved back by the block's start), then those rows' part of the product's sum.
+  void launch_operand_tiles(size_t k, int64_t* error) {
+    using TiledFn = void (*)(void* const*, const double*, const int64_t*, int64_t*, int64_t, int64_t);
+    const jit::Kernel& kernel = kernels_[k];
+    const jit::MatmulCall& mm = kernel.matmul;
+    const jit::MatmulTiles& tiles = kernel.tiles;
+    auto* scratch = static_cast<float*>(local_buffers_[0]);
+    const float* a = static_cast<const float*>(local_buffers_[static_cast<size_t>(mm.a_buffer)]) + mm.a_offset;
+    auto* c = static_cast<float*>(local_buffers_[static_cast<size_t>(tiles.buffer)]);
+    const auto fn = reinterpret_cast<TiledFn>(reinterpret_cast<void (*)()>(fns_[k]));
+    const int64_t loop_end = kernel.loops[0].extent;
+    for (int64_t row = 0, lo = 0; row < mm.K; row += tiles.rows, lo += tiles.loop_per_tile) {
+      local_buffers_[0] = scratch - row * mm.N;
+      fn(local_buffers_.data(), local_scalars_.data() + scalar_start_[k], local_ints_.data() + int_start_[k], error,
+         lo, std::min(loop_end, lo + tiles.loop_per_tile));
+      if (error[1] != 0) return;
+      onednn_matmul_k_part(a, mm.a_strides[2], scratch, mm.N, c, mm.M, mm.N, row, std::min(tiles.rows, mm.K - row));
     }
   }
 
@@ -148,6 +171,14 @@ void run_host_library(const jit::Kernel& k, void* const* ptrs) {
   const jit::LibraryOperands op = jit::library_operands(k, ptrs);
   if (k.kind == jit::KernelKind::Matmul) {
     const jit::MatmulCall& mm = k.matmul;
+    if (const int64_t k_block = jit::matmul_k_block(mm, op.dtype); k_block > 0) {
+      const auto* a = static_cast<const float*>(op.a);
+      const auto* b = static_cast<const float*>(op.b);
+      for (int64_t row = 0; row < mm.K; row += k_block)
+        onednn_matmul_k_part(a, mm.a_strides[2], b + row * mm.b_strides[1], mm.b_strides[1], static_cast<float*>(op.out),
+                             mm.M, mm.N, row, std::min(k_block, mm.K - row));
+      return;
+    }
     const int64_t block = jit::matmul_row_block(mm, op.dtype);
     if (block == 0) {
       onednn_matmul(op.dtype, op.a, mm.a_strides, op.b, mm.b_strides, op.out, mm.batch, mm.M, mm.K, mm.N);

@@ -394,4 +394,16 @@ void onednn_matmul_rows(DType t, const void* a, const int64_t a_strides[3], cons
   onednn_matmul(t, a_rows, a_strides, b, b_strides, c, 1, rows, K, N);
 }
 
+void onednn_matmul_k_part(const float* a, int64_t lda, const float* b_rows, int64_t ldb, float* c, int64_t M,
+                          int64_t N, int64_t k0, int64_t rows) {
+  KILN_CHECK(k0 >= 0 && rows > 0 && M > 0 && N > 0 && lda >= M && ldb >= N, "matmul",
+             "rows [{}, {}) of the sum of a ({}, K) x (K, {}) product (lda {}, ldb {})", k0, k0 + rows, M, N, lda, ldb);
+  OnednnRuntime& rt = onednn_runtime();
+  std::lock_guard<std::mutex> lock(rt.stream_mutex);
+  const dnnl_status_t status = dnnl_sgemm('T', 'N', M, N, rows, 1.0f, a + k0 * lda, lda, b_rows, ldb,
+                                          k0 == 0 ? 0.0f : 1.0f, c, N);
+  KILN_CHECK(status == dnnl_success, "matmul", "oneDNN sgemm failed (status {}) on rows [{}, {}) of the sum of ({}, K) x (K, {})",
+             static_cast<int>(status), k0, k0 + rows, M, N);
+}
+
 }  // namespace kiln::cpu

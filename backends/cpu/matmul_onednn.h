@@ -32,6 +32,11 @@ void onednn_matmul(DType t, const void* a, const int64_t a_strides[3], const voi
 // contiguous), by the routine the whole product would take: each row gets the same bits.
 void onednn_matmul_rows(DType t, const void* a, const int64_t a_strides[3], const void* b, const int64_t b_strides[3],
                         void* c, int64_t M, int64_t K, int64_t N, int64_t row0, int64_t rows);
+// Rows [k0, k0 + rows) of the sum over K of a float32 product xᵀ·δ (batch 1; A column-major with
+// leading dimension lda, B row-major with ldb): c (M, N, contiguous) = A[:, k0:k0+rows] @ B[k0:k0+rows, :],
+// added to c unless k0 is 0. b_rows points at B's row k0. jit::matmul_k_block gives the blocks.
+void onednn_matmul_k_part(const float* a, int64_t lda, const float* b_rows, int64_t ldb, float* c, int64_t M,
+                          int64_t N, int64_t k0, int64_t rows);
 
 }  // namespace kiln::cpu
 

@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 #include <kiln/kiln.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -276,4 +278,110 @@ TEST_CASE("updates join: not across a kernel that can fail, so the update stays 
   sync({p, q, v});
   CHECK(p.data() == p_before);
   CHECK(p.to_vector<float>() == std::vector<float>(24, 2.0f - 1.25f * 0.25f));
+}
+
+namespace {
+
+struct Product {
+  std::vector<float> values;
+  memory::PlanLayout layout;
+};
+
+// c = δᵀ · (exp(x / 2) − 1): a weight gradient's shape, δ (2048, 64), x (2048, 512); its B operand
+// (4 MiB) is made by elementwise work that nothing else reads.
+Product product_of_made_operand(bool tiled, bool poison = false) {
+  FlagsGuard guard;
+  flags().tiled_updates = tiled;
+  flags().use_cuda = false;
+  flags().debug_memory = poison;
+  flags().plan_cache = !poison;
+  manual_seed(5);
+  const Tensor delta = randn({2048, 64}), x = randn({2048, 512});
+  sync({delta, x});
+  Tensor c = matmul(delta.t(), (x * 0.5).exp() - 1.0);
+  Product p{c.to_vector<float>(), jit::last_plan_memory()};
+  return p;
+}
+
+// c = tanh(a · w) · 3, a (2048, 128), w (128, 512): a 4 MiB product of a row-major A read by one
+// elementwise kernel, element for element (a data gradient δ·W through an activation's backward).
+Product product_read_by_one_kernel(bool tiled) {
+  FlagsGuard guard;
+  flags().tiled_updates = tiled;
+  flags().use_cuda = false;
+  manual_seed(6);
+  const Tensor a = randn({2048, 128}), w = randn({128, 512}) * 0.1;
+  sync({a, w});
+  Tensor c = matmul(a, w).tanh() * 3.0;
+  Product p{c.to_vector<float>(), jit::last_plan_memory()};
+  return p;
+}
+
+int kernels_with(const memory::PlanLayout& layout, const std::string& text) {
+  int n = 0;
+  for (const std::string& summary : layout.kernels) n += summary.find(text) != std::string::npos;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("operand tiles: elementwise work that makes a weight gradient's operand runs inside it, block by block",
+          "[tile_matmul][planner]") {
+  const Product tiled = product_of_made_operand(true), whole = product_of_made_operand(false);
+  CHECK(kernels_with(tiled.layout, "4 blocks of 512 rows") == 1);
+  CHECK(kernels_with(whole.layout, "blocks of") == 0);
+  // The operand (2048 x 512 float32) exists whole only without tiles; with them, one block of it.
+  CHECK(holds_buffer_of(whole.layout, 2048 * 512 * 4));
+  CHECK_FALSE(holds_buffer_of(tiled.layout, 2048 * 512 * 4));
+  CHECK(holds_buffer_of(tiled.layout, 512 * 512 * 4));
+  CHECK(tiled.layout.arena_bytes < whole.layout.arena_bytes / 2);
+  // The same sums in the same steps (jit::matmul_k_block), so the same bits.
+  REQUIRE(tiled.values.size() == whole.values.size());
+  CHECK(std::memcmp(tiled.values.data(), whole.values.data(), tiled.values.size() * sizeof(float)) == 0);
+  // And the right ones: against a float64 sum.
+  std::vector<float> delta, x;
+  {
+    FlagsGuard guard;
+    flags().use_cuda = false;
+    manual_seed(5);
+    delta = randn({2048, 64}).to_vector<float>();
+    x = randn({2048, 512}).to_vector<float>();
+  }
+  double worst = 0;
+  for (int64_t m = 0; m < 64; m += 3)
+    for (int64_t n = 0; n < 512; n += 7) {
+      double sum = 0;
+      for (int64_t k = 0; k < 2048; ++k) sum += double(delta[k * 64 + m]) * (std::exp(double(x[k * 512 + n]) * 0.5) - 1.0);
+      worst = std::max(worst, std::abs(sum - double(tiled.values[m * 512 + n])) / (1.0 + std::abs(sum)));
+    }
+  CHECK(worst < 1e-4);
+  // Each block is written over the last one's scratch: poisoned dead buffers change nothing.
+  const Product poisoned = product_of_made_operand(true, true);
+  CHECK(poisoned.values == tiled.values);
+}
+
+TEST_CASE("product tiles: a large product of a row-major A that one elementwise kernel reads runs inside it",
+          "[tile_matmul][planner]") {
+  const Product tiled = product_read_by_one_kernel(true), whole = product_read_by_one_kernel(false);
+  CHECK(kernels_with(tiled.layout, "4 tiles of 512 rows") == 1);
+  CHECK(holds_buffer_of(whole.layout, 2048 * 512 * 4));
+  CHECK_FALSE(holds_buffer_of(tiled.layout, 2048 * 512 * 4));
+  REQUIRE(tiled.values.size() == whole.values.size());
+  CHECK(std::memcmp(tiled.values.data(), whole.values.data(), tiled.values.size() * sizeof(float)) == 0);
+  std::vector<float> a, w;
+  {
+    FlagsGuard guard;
+    flags().use_cuda = false;
+    manual_seed(6);
+    a = randn({2048, 128}).to_vector<float>();
+    w = (randn({128, 512}) * 0.1).to_vector<float>();
+  }
+  double worst = 0;
+  for (int64_t m = 0; m < 2048; m += 13)
+    for (int64_t n = 0; n < 512; n += 5) {
+      double sum = 0;
+      for (int64_t k = 0; k < 128; ++k) sum += double(a[m * 128 + k]) * double(w[k * 512 + n]);
+      worst = std::max(worst, std::abs(3.0 * std::tanh(sum) - double(tiled.values[m * 512 + n])));
+    }
+  CHECK(worst < 1e-4);
 }

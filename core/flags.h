@@ -44,7 +44,7 @@ enum class AmpMode : uint8_t { None, Float16, BFloat16 };
   X(int, quantize_bits, 8, "quantized weight width: 8 (int8 matmul) or 4 (weight-only int4)")    \
   X(std::string, compress_activations, "", "int8: keep activations saved for the backward as int8 (memory/compress.h)") \
   X(int64_t, stream_bytes, -1, "CPU: a flat kernel writes an output of at least this many bytes with non-temporal stores (-1: the last-level cache's size; 0: never)") \
-  X(bool, tiled_updates, true, "a weight gradient read only by its update is made tile by tile inside it, never whole (jit/tile_matmul.h)") \
+  X(bool, tiled_updates, true, "a weight gradient read only by its update, or a large product by one elementwise kernel, is made tile by tile inside it, and an operand made for one weight gradient alone inside that (jit/tile_matmul.h)") \
   X(bool, fused_attention, true, "scaled_dot_product_attention runs as one kernel (no (T, T) matrix); 0 = composite")
 
 struct Flags {

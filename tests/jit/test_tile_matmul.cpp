@@ -285,6 +285,7 @@ namespace {
 struct Product {
   std::vector<float> values;
   memory::PlanLayout layout;
+  std::vector<std::vector<float>> inputs;  // the two operands' values, for a float64 reference
 };
 
 // c = δᵀ · (exp(x / 2) − 1): a weight gradient's shape, δ (2048, 64), x (2048, 512); its B operand
@@ -299,7 +300,7 @@ Product product_of_made_operand(bool tiled, bool poison = false) {
   const Tensor delta = randn({2048, 64}), x = randn({2048, 512});
   sync({delta, x});
   Tensor c = matmul(delta.t(), (x * 0.5).exp() - 1.0);
-  Product p{c.to_vector<float>(), jit::last_plan_memory()};
+  Product p{c.to_vector<float>(), jit::last_plan_memory(), {delta.to_vector<float>(), x.to_vector<float>()}};
   return p;
 }
 
@@ -313,8 +314,29 @@ Product product_read_by_one_kernel(bool tiled) {
   const Tensor a = randn({2048, 128}), w = randn({128, 512}) * 0.1;
   sync({a, w});
   Tensor c = matmul(a, w).tanh() * 3.0;
-  Product p{c.to_vector<float>(), jit::last_plan_memory()};
+  Product p{c.to_vector<float>(), jit::last_plan_memory(), {a.to_vector<float>(), w.to_vector<float>()}};
   return p;
+}
+
+bool same_bits(const Product& a, const Product& b) {
+  return a.values.size() == b.values.size() &&
+         std::memcmp(a.values.data(), b.values.data(), a.values.size() * sizeof(float)) == 0;
+}
+
+// The largest |finish(Σ_k term(m, k, n)) − value(m, n)|, relative to 1 + |finish(..)|, in float64,
+// over rows m < rows in steps of m_step and columns n < cols in steps of n_step.
+double worst_error(const Product& p, int64_t rows, int64_t cols, int64_t depth, int64_t m_step, int64_t n_step,
+                   const std::function<double(int64_t, int64_t, int64_t)>& term,
+                   const std::function<double(double)>& finish) {
+  double worst = 0;
+  for (int64_t m = 0; m < rows; m += m_step)
+    for (int64_t n = 0; n < cols; n += n_step) {
+      double sum = 0;
+      for (int64_t k = 0; k < depth; ++k) sum += term(m, k, n);
+      const double want = finish(sum);
+      worst = std::max(worst, std::abs(want - double(p.values[m * cols + n])) / (1.0 + std::abs(want)));
+    }
+  return worst;
 }
 
 int kernels_with(const memory::PlanLayout& layout, const std::string& text) {
@@ -336,25 +358,13 @@ TEST_CASE("operand tiles: elementwise work that makes a weight gradient's operan
   CHECK(holds_buffer_of(tiled.layout, 512 * 512 * 4));
   CHECK(tiled.layout.arena_bytes < whole.layout.arena_bytes / 2);
   // The same sums in the same steps (jit::matmul_k_block), so the same bits.
-  REQUIRE(tiled.values.size() == whole.values.size());
-  CHECK(std::memcmp(tiled.values.data(), whole.values.data(), tiled.values.size() * sizeof(float)) == 0);
+  CHECK(same_bits(tiled, whole));
   // And the right ones: against a float64 sum.
-  std::vector<float> delta, x;
-  {
-    FlagsGuard guard;
-    flags().use_cuda = false;
-    manual_seed(5);
-    delta = randn({2048, 64}).to_vector<float>();
-    x = randn({2048, 512}).to_vector<float>();
-  }
-  double worst = 0;
-  for (int64_t m = 0; m < 64; m += 3)
-    for (int64_t n = 0; n < 512; n += 7) {
-      double sum = 0;
-      for (int64_t k = 0; k < 2048; ++k) sum += double(delta[k * 64 + m]) * (std::exp(double(x[k * 512 + n]) * 0.5) - 1.0);
-      worst = std::max(worst, std::abs(sum - double(tiled.values[m * 512 + n])) / (1.0 + std::abs(sum)));
-    }
-  CHECK(worst < 1e-4);
+  const std::vector<float>&delta = tiled.inputs[0], &x = tiled.inputs[1];
+  CHECK(worst_error(
+            tiled, 64, 512, 2048, 3, 7,
+            [&](int64_t m, int64_t k, int64_t n) { return double(delta[k * 64 + m]) * std::expm1(0.5 * double(x[k * 512 + n])); },
+            [](double sum) { return sum; }) < 1e-4);
   // Each block is written over the last one's scratch: poisoned dead buffers change nothing.
   const Product poisoned = product_of_made_operand(true, true);
   CHECK(poisoned.values == tiled.values);
@@ -366,22 +376,10 @@ TEST_CASE("product tiles: a large product of a row-major A that one elementwise 
   CHECK(kernels_with(tiled.layout, "4 tiles of 512 rows") == 1);
   CHECK(holds_buffer_of(whole.layout, 2048 * 512 * 4));
   CHECK_FALSE(holds_buffer_of(tiled.layout, 2048 * 512 * 4));
-  REQUIRE(tiled.values.size() == whole.values.size());
-  CHECK(std::memcmp(tiled.values.data(), whole.values.data(), tiled.values.size() * sizeof(float)) == 0);
-  std::vector<float> a, w;
-  {
-    FlagsGuard guard;
-    flags().use_cuda = false;
-    manual_seed(6);
-    a = randn({2048, 128}).to_vector<float>();
-    w = (randn({128, 512}) * 0.1).to_vector<float>();
-  }
-  double worst = 0;
-  for (int64_t m = 0; m < 2048; m += 13)
-    for (int64_t n = 0; n < 512; n += 5) {
-      double sum = 0;
-      for (int64_t k = 0; k < 128; ++k) sum += double(a[m * 128 + k]) * double(w[k * 512 + n]);
-      worst = std::max(worst, std::abs(3.0 * std::tanh(sum) - double(tiled.values[m * 512 + n])));
-    }
-  CHECK(worst < 1e-4);
+  CHECK(same_bits(tiled, whole));
+  const std::vector<float>&a = tiled.inputs[0], &w = tiled.inputs[1];
+  CHECK(worst_error(
+            tiled, 2048, 512, 128, 13, 5,
+            [&](int64_t m, int64_t k, int64_t n) { return double(a[m * 128 + k]) * double(w[k * 512 + n]); },
+            [](double sum) { return 3.0 * std::tanh(sum); }) < 1e-4);
 }

@@ -96,6 +96,8 @@ void plan_buffers(Plan& plan) {
   for (size_t k = 0; k < s.kernels.size(); ++k) {
     for (const SideStore& side : s.kernels[k].side_stores) side_output[s.kernels[k].buffers[side.buffer].slot] = 1;
     if (writer[s.kernels[k].buffers[0].slot] < 0) writer[s.kernels[k].buffers[0].slot] = static_cast<int>(k);
+    // (The product of a kernel making its operand block by block: a gradient its bucket may take.)
+    if (s.kernels[k].tiles.operand) writer[s.kernels[k].buffers[s.kernels[k].tiles.buffer].slot] = static_cast<int>(k);
   }
   const std::vector<PackedPlace> packed = pack_collective_inputs(plan, writer, side_output, intermediate);
   // A collective's buffer is live from its first packed input's kernel on.
@@ -125,7 +127,9 @@ void plan_buffers(Plan& plan) {
     // kernel that makes its operand block by block lives on like any output.
     if (kernel.tiles.buffer >= 0) {
       const int slot = kernel.buffers[kernel.tiles.buffer].slot;
-      if (!kernel.tiles.operand || intermediate(slot)) {
+      if (kernel.tiles.operand && packed[slot].into >= 0) {
+        // placed inside its collective's buffer, below
+      } else if (!kernel.tiles.operand || intermediate(slot)) {
         request_of[slot] = static_cast<int>(requests.size());
         slot_of_request.push_back(slot);
         requests.push_back({bytes_of(slot), first, kernel.tiles.operand ? plan.last_use[slot] : static_cast<int>(k), -1});

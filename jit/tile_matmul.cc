@@ -28,10 +28,10 @@ int buffer_of(Kernel& k, int slot, DType dtype) {
 }
 
 // Rows per block when `rows` rows of `bytes` in all are split into blocks of about
-// kMatmulBlockBytes, evenly, in multiples of 8 rows.
+// kMatmulBlockBytes, evenly, in multiples of 8 rows and at least 64 (or 0: one block).
 int64_t even_blocks(int64_t rows, int64_t bytes) {
   const int64_t blocks = (bytes + kMatmulBlockBytes - 1) / kMatmulBlockBytes;
-  int64_t per = (rows + blocks - 1) / blocks;
+  int64_t per = std::max<int64_t>(64, (rows + blocks - 1) / blocks);
   per += (8 - per % 8) % 8;
   return per < rows ? per : 0;
 }
@@ -43,8 +43,10 @@ int64_t matmul_row_block(const MatmulCall& mm, DType t) {
   const int64_t size = static_cast<int64_t>(dtype_size(t));
   const bool column_major_a = mm.a_strides[1] == 1 && mm.a_strides[2] >= mm.M;
   // A row-major A (a data gradient δ·W, a layer's output x·Wᵀ): only large products, where a
-  // block is still a GEMM worth the call.
-  const bool large_row_major_a = mm.a_strides[2] == 1 && mm.a_strides[1] >= mm.K && mm.M * mm.N * size > 2 * kMatmulBlockBytes;
+  // block is still a GEMM worth the call, of a B that stays in cache (each block reads all of it:
+  // not a language model's vocabulary projection).
+  const bool large_row_major_a = mm.a_strides[2] == 1 && mm.a_strides[1] >= mm.K &&
+                                 mm.M * mm.N * size > 2 * kMatmulBlockBytes && mm.K * mm.N * size <= kMatmulBlockBytes;
   if (!column_major_a && !large_row_major_a) return 0;
   if (!column_major_a) return even_blocks(mm.M, mm.M * mm.N * size);
   // At least 64 rows, so that wide products still make GEMMs worth the call (a tile then holds
@@ -62,7 +64,8 @@ int64_t matmul_k_block(const MatmulCall& mm, DType t) {
       mm.M * mm.K < (int64_t{1} << 16))
     return 0;
   const int64_t size = static_cast<int64_t>(dtype_size(t));
-  if (mm.K * mm.N * size <= 2 * kMatmulBlockBytes) return 0;  // B is small: nothing to gain
+  // B small: nothing to gain; the product large: each block reads and writes all of it.
+  if (mm.K * mm.N * size <= 2 * kMatmulBlockBytes || mm.M * mm.N * size > kMatmulBlockBytes) return 0;
   return even_blocks(mm.K, mm.K * mm.N * size);
 }
 

@@ -22,15 +22,15 @@ inline constexpr int64_t kMatmulTileBytes = 256 * 1024;
 inline constexpr int64_t kMatmulBlockBytes = 1024 * 1024;
 
 // Rows per block in which the CPU computes a batch-1 matmul whose A is column-major (a weight
-// gradient xᵀ·δ) or row-major and the product over 1 MiB (a data gradient δ·W, a layer x·Wᵀ),
-// or 0 when it computes it whole. oneDNN's sums depend on the problem's size, so the blocks are a
+// gradient xᵀ·δ) or row-major, the product over 2 MiB and B within 1 MiB (a data gradient δ·W, a
+// layer x·Wᵀ), or 0 when it computes it whole. oneDNN's sums depend on the problem's size, so the blocks are a
 // property of the product alone: made tile by tile inside its reader or whole into a buffer, it
 // has the same bits.
 int64_t matmul_row_block(const MatmulCall& mm, DType t);
 
 // Rows of B per block in which the CPU sums a long weight gradient xᵀ·δ (float32, batch 1, A
-// column-major, B row-major and over 1 MiB, not made in row blocks), or 0 when it sums it in one
-// call. Like the row blocks, a property of the product alone: B made block by block inside the
+// column-major, B row-major and over 2 MiB, the product within 1 MiB, not made in row blocks), or
+// 0 when it sums it in one call. Like the row blocks, a property of the product alone: B made block by block inside the
 // product (MatmulTiles::operand) or read whole from a buffer, the sums take the same steps.
 int64_t matmul_k_block(const MatmulCall& mm, DType t);
 

@@ -288,8 +288,9 @@ struct Product {
   std::vector<std::vector<float>> inputs;  // the two operands' values, for a float64 reference
 };
 
-// c = δᵀ · (exp(x / 2) − 1): a weight gradient's shape, δ (2048, 64), x (2048, 512); its B operand
-// (4 MiB) is made by elementwise work that nothing else reads.
+// c = δᵀ · (exp(x / 2) − 1): a weight gradient's shape, δ (2048, 64), x (2048, 513); its B operand
+// (4 MiB) is made by elementwise work that nothing else reads. (An odd width: the whole operand's
+// blocks start at addresses the scratch's do not, and the sums must not care.)
 Product product_of_made_operand(bool tiled, bool poison = false) {
   FlagsGuard guard;
   flags().tiled_updates = tiled;
@@ -297,21 +298,21 @@ Product product_of_made_operand(bool tiled, bool poison = false) {
   flags().debug_memory = poison;
   flags().plan_cache = !poison;
   manual_seed(5);
-  const Tensor delta = randn({2048, 64}), x = randn({2048, 512});
+  const Tensor delta = randn({2048, 64}), x = randn({2048, 513});
   sync({delta, x});
   Tensor c = matmul(delta.t(), (x * 0.5).exp() - 1.0);
   Product p{c.to_vector<float>(), jit::last_plan_memory(), {delta.to_vector<float>(), x.to_vector<float>()}};
   return p;
 }
 
-// c = tanh(a · w) · 3, a (2048, 128), w (128, 512): a 4 MiB product of a row-major A read by one
+// c = tanh(a · w) · 3, a (2048, 128), w (128, 513): a 4 MiB product of a row-major A read by one
 // elementwise kernel, element for element (a data gradient δ·W through an activation's backward).
 Product product_read_by_one_kernel(bool tiled) {
   FlagsGuard guard;
   flags().tiled_updates = tiled;
   flags().use_cuda = false;
   manual_seed(6);
-  const Tensor a = randn({2048, 128}), w = randn({128, 512}) * 0.1;
+  const Tensor a = randn({2048, 128}), w = randn({128, 513}) * 0.1;
   sync({a, w});
   Tensor c = matmul(a, w).tanh() * 3.0;
   Product p{c.to_vector<float>(), jit::last_plan_memory(), {a.to_vector<float>(), w.to_vector<float>()}};
@@ -350,20 +351,20 @@ int kernels_with(const memory::PlanLayout& layout, const std::string& text) {
 TEST_CASE("operand tiles: elementwise work that makes a weight gradient's operand runs inside it, block by block",
           "[tile_matmul][planner]") {
   const Product tiled = product_of_made_operand(true), whole = product_of_made_operand(false);
-  CHECK(kernels_with(tiled.layout, "4 blocks of 512 rows") == 1);
+  CHECK(kernels_with(tiled.layout, "5 blocks of 416 rows") == 1);
   CHECK(kernels_with(whole.layout, "blocks of") == 0);
-  // The operand (2048 x 512 float32) exists whole only without tiles; with them, one block of it.
-  CHECK(holds_buffer_of(whole.layout, 2048 * 512 * 4));
-  CHECK_FALSE(holds_buffer_of(tiled.layout, 2048 * 512 * 4));
-  CHECK(holds_buffer_of(tiled.layout, 512 * 512 * 4));
+  // The operand (2048 x 513 float32) exists whole only without tiles; with them, one block of it.
+  CHECK(holds_buffer_of(whole.layout, 2048 * 513 * 4));
+  CHECK_FALSE(holds_buffer_of(tiled.layout, 2048 * 513 * 4));
+  CHECK(holds_buffer_of(tiled.layout, 416 * 513 * 4));
   CHECK(tiled.layout.arena_bytes < whole.layout.arena_bytes / 2);
   // The same sums in the same steps (jit::matmul_k_block), so the same bits.
   CHECK(same_bits(tiled, whole));
   // And the right ones: against a float64 sum.
   const std::vector<float>&delta = tiled.inputs[0], &x = tiled.inputs[1];
   CHECK(worst_error(
-            tiled, 64, 512, 2048, 3, 7,
-            [&](int64_t m, int64_t k, int64_t n) { return double(delta[k * 64 + m]) * std::expm1(0.5 * double(x[k * 512 + n])); },
+            tiled, 64, 513, 2048, 3, 7,
+            [&](int64_t m, int64_t k, int64_t n) { return double(delta[k * 64 + m]) * std::expm1(0.5 * double(x[k * 513 + n])); },
             [](double sum) { return sum; }) < 1e-4);
   // Each block is written over the last one's scratch: poisoned dead buffers change nothing.
   const Product poisoned = product_of_made_operand(true, true);
@@ -373,13 +374,13 @@ TEST_CASE("operand tiles: elementwise work that makes a weight gradient's operan
 TEST_CASE("product tiles: a large product of a row-major A that one elementwise kernel reads runs inside it",
           "[tile_matmul][planner]") {
   const Product tiled = product_read_by_one_kernel(true), whole = product_read_by_one_kernel(false);
-  CHECK(kernels_with(tiled.layout, "4 tiles of 512 rows") == 1);
-  CHECK(holds_buffer_of(whole.layout, 2048 * 512 * 4));
-  CHECK_FALSE(holds_buffer_of(tiled.layout, 2048 * 512 * 4));
+  CHECK(kernels_with(tiled.layout, "5 tiles of 416 rows") == 1);
+  CHECK(holds_buffer_of(whole.layout, 2048 * 513 * 4));
+  CHECK_FALSE(holds_buffer_of(tiled.layout, 2048 * 513 * 4));
   CHECK(same_bits(tiled, whole));
   const std::vector<float>&a = tiled.inputs[0], &w = tiled.inputs[1];
   CHECK(worst_error(
-            tiled, 2048, 512, 128, 13, 5,
-            [&](int64_t m, int64_t k, int64_t n) { return double(a[m * 128 + k]) * double(w[k * 512 + n]); },
+            tiled, 2048, 513, 128, 13, 5,
+            [&](int64_t m, int64_t k, int64_t n) { return double(a[m * 128 + k]) * double(w[k * 513 + n]); },
             [](double sum) { return 3.0 * std::tanh(sum); }) < 1e-4);
 }

@@ -278,18 +278,16 @@ int64_t arena_without_budget(const std::vector<NodePtr>& targets, const PendingG
                ? cached->second->memory.arena_bytes
                : planned_arena(graph, budget);
   }
-  memory::RecomputeRewrite rewrite = memory::apply_recompute(graph.nodes, cheap);
-  int64_t arena = 0;
-  try {
-    arena = planned_arena(collect_pending(targets), budget);
-  } catch (...) {
-    rewrite.undo();
-    renumber(graph);
-    throw;
-  }
-  rewrite.undo();
-  renumber(graph);
-  return arena;
+  // The graph goes back as it was, also when planning throws.
+  struct Restore {
+    memory::RecomputeRewrite rewrite;
+    const PendingGraph& graph;
+    ~Restore() {
+      rewrite.undo();
+      renumber(graph);
+    }
+  } restore{memory::apply_recompute(graph.nodes, cheap), graph};
+  return planned_arena(collect_pending(targets), budget);
 }
 
 // The budget pass's choices by graph key and budget: positions of the nodes to recompute, and

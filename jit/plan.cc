@@ -127,14 +127,13 @@ void plan_buffers(Plan& plan) {
     // kernel that makes its operand block by block lives on like any output.
     if (kernel.tiles.buffer >= 0) {
       const int slot = kernel.buffers[kernel.tiles.buffer].slot;
-      if (kernel.tiles.operand && packed[slot].into >= 0) {
-        // placed inside its collective's buffer, below
-      } else if (!kernel.tiles.operand || intermediate(slot)) {
+      const bool lives_on = kernel.tiles.operand;
+      if (lives_on && !intermediate(slot)) {
+        plan.output_bytes += bytes_of(slot);
+      } else if (!lives_on || packed[slot].into < 0) {  // (a packed one is placed in its collective's buffer, below)
         request_of[slot] = static_cast<int>(requests.size());
         slot_of_request.push_back(slot);
-        requests.push_back({bytes_of(slot), first, kernel.tiles.operand ? plan.last_use[slot] : static_cast<int>(k), -1});
-      } else {
-        plan.output_bytes += bytes_of(slot);
+        requests.push_back({bytes_of(slot), first, lives_on ? plan.last_use[slot] : static_cast<int>(k), -1});
       }
     }
     if (!writes_output(kernel)) continue;  // a transfer's join

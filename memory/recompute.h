@@ -119,7 +119,8 @@ int64_t node_flops(const Node& n);
 
 // Chooses activations to recompute so the plan fits `budget` bytes. `arena_of_current_graph`
 // plans the graph as it is wired now and returns its arena size. Leaves the graph wired as it
-// found it (a plan of a rewired graph renumbers its nodes' visit_index: the caller renumbers). When no choice fits, returns the one with the smallest arena found and says why in `missed`
+// found it (a plan of a rewired graph renumbers its nodes' visit_index: the caller renumbers).
+// When no choice fits, returns the one with the smallest arena found and says why in `missed`
 // (the caller warns, or throws under KILN_MEMORY_BUDGET_STRICT); a plan that keeps no activation
 // for a backward is an Error (nothing to recompute), except that a fraction budget leaves it alone
 // (it budgets what a backward keeps). The policy, cheapest first:

@@ -28,9 +28,9 @@ int buffer_of(Kernel& k, int slot, DType dtype) {
 }
 
 // Rows per block when `rows` rows of `bytes` in all are split into blocks of about
-// kMatmulBlockBytes, evenly, in multiples of 8 rows and at least 64 (or 0: one block).
-int64_t even_blocks(int64_t rows, int64_t bytes) {
-  const int64_t blocks = (bytes + kMatmulBlockBytes - 1) / kMatmulBlockBytes;
+// `block_bytes`, evenly, in multiples of 8 rows and at least 64 (or 0: one block).
+int64_t even_blocks(int64_t rows, int64_t bytes, int64_t block_bytes = kMatmulBlockBytes) {
+  const int64_t blocks = (bytes + block_bytes - 1) / block_bytes;
   int64_t per = std::max<int64_t>(64, (rows + blocks - 1) / blocks);
   per += (8 - per % 8) % 8;
   return per < rows ? per : 0;
@@ -49,6 +49,10 @@ int64_t matmul_row_block(const MatmulCall& mm, DType t) {
                                  mm.M * mm.N * size > 2 * kMatmulBlockBytes && mm.K * mm.N * size <= kMatmulBlockBytes;
   if (!column_major_a && !large_row_major_a) return 0;
   if (!column_major_a) return even_blocks(mm.M, mm.M * mm.N * size);
+  // Each call packs all of B for the bfloat16 kernels (AMX: 4-6x float32's rate), a fixed cost
+  // that outweighs their arithmetic in a small tile: tiles of twice the bytes, of even rows (a
+  // 512 x 784 weight gradient: 2 calls of 256 rows instead of 3 of 160 and one of 32).
+  if (t == DType::BFloat16) return even_blocks(mm.M, mm.M * mm.N * size, 2 * kMatmulTileBytes);
   // At least 64 rows, so that wide products still make GEMMs worth the call (a tile then holds
   // more than kMatmulTileBytes).
   int64_t rows = std::max<int64_t>(64, kMatmulTileBytes / (mm.N * size));

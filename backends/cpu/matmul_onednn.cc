@@ -98,8 +98,10 @@ Plan make_plan(DType t, const Layout& a, const Layout& b, int64_t M, int64_t K, 
   };
   if (!has_negative_stride(a) && !has_negative_stride(b)) {
     // A column-major A (x^T in a weight gradient x^T @ dy) runs ~8x slower than a row-major one
-    // in oneDNN 2.6's brgemm kernels once it is large; copying it is cheap next to that.
-    const bool transposed_a = a.strides[2] != 1 && M * K >= (int64_t{1} << 16);
+    // in oneDNN 2.6's brgemm kernels once it is large; copying it is cheap next to that. In
+    // bfloat16 at any size: a column block of a larger A (one tile of a weight gradient) sends
+    // oneDNN to its older gemm, which never uses AMX (2-3x slower than the copy and brgemm).
+    const bool transposed_a = a.strides[2] != 1 && (t == DType::BFloat16 || M * K >= (int64_t{1} << 16));
     try {
       memory::desc a_desc = transposed_a ? contiguous_desc(a.batch, M, K, dt) : strided_desc(a, M, K, dt);
       memory::desc b_desc = strided_desc(b, K, N, dt);

@@ -44,19 +44,25 @@ Tensor forward(const std::vector<Tensor>& params, const Tensor& x) {
 // p.grad(), which the user may read after the step, then (optionally) clipping.
 enum class Style { StepLoss, Backward, BackwardClip };
 
-Run train(bool tiled, const MakeOptimizer& make, Style style = Style::StepLoss, int steps = 3, bool lazy = true) {
+Run train(bool tiled, const MakeOptimizer& make, Style style = Style::StepLoss, int steps = 3, bool lazy = true,
+          const std::vector<int64_t>& widths = kWidths, bool bf16 = false) {
   FlagsGuard guard;
   flags().tiled_updates = tiled;
   flags().lazy = lazy;
   flags().use_cuda = false;  // tiles are the CPU backend's (the suite runs again with KILN_USE_CUDA=1)
   manual_seed(11);
-  std::vector<Tensor> params = kiln::testing::make_mlp(kWidths);
+  std::vector<Tensor> params = kiln::testing::make_mlp(widths);
   std::unique_ptr<optim::Optimizer> opt = make(params);
   for (int s = 0; s < steps; ++s) {
-    Tensor x = randn({kBatch, kWidths.front()});
+    Tensor x = randn({kBatch, widths.front()});
     std::vector<int64_t> labels(kBatch);
-    for (int64_t i = 0; i < kBatch; ++i) labels[i] = (i * 7 + s) % kWidths.back();
-    Tensor loss = nn::cross_entropy(forward(params, x), from_vector<int64_t>(labels, {kBatch}));
+    for (int64_t i = 0; i < kBatch; ++i) labels[i] = (i * 7 + s) % widths.back();
+    Tensor logits;
+    {
+      AutocastGuard amp = bf16 ? AutocastGuard(DType::BFloat16) : AutocastGuard(false);  // off unless asked
+      logits = forward(params, x);
+    }
+    Tensor loss = nn::cross_entropy(logits, from_vector<int64_t>(labels, {kBatch}));
     if (style == Style::StepLoss) {
       opt->step(loss);
       continue;
@@ -131,6 +137,32 @@ TEST_CASE("tiled updates: every optimizer leaves the parameters bit-identical to
       REQUIRE(tiled.params[i].size() == whole.params[i].size());
       CHECK(std::memcmp(tiled.params[i].data(), whole.params[i].data(), tiled.params[i].size() * sizeof(float)) == 0);
     }
+  }
+}
+
+TEST_CASE("tiled updates: bfloat16 weight gradients take tiles of twice the bytes, with the same bits as whole",
+          "[tile_matmul][optim][amp]") {
+  // Under bf16 autocast the first weight gradient (600 x 640, 750 KiB in bfloat16) is made in two
+  // even tiles of 304 rows (a float32 tile's 256 KiB would make four calls, each packing all of B);
+  // the second (640 x 10) is made whole.
+  const std::vector<int64_t> widths = {600, 640, 10};
+  const MakeOptimizer make = [](std::vector<Tensor> p) {
+    return std::make_unique<optim::SGD>(p, optim::SGDOptions(0.1).momentum(0.9));
+  };
+  const Run tiled = train(true, make, Style::StepLoss, 3, true, widths, true);
+  const Run whole = train(false, make, Style::StepLoss, 3, true, widths, true);
+  CHECK(tiled_kernels(tiled.layout) == 1);
+  CHECK(std::any_of(tiled.layout.kernels.begin(), tiled.layout.kernels.end(), [](const std::string& k) {
+    return k.find("(2 tiles of 304 rows)") != std::string::npos;
+  }));
+  CHECK(holds_buffer_of(whole.layout, 600 * 640 * 2));
+  CHECK_FALSE(holds_buffer_of(tiled.layout, 600 * 640 * 2));
+  CHECK(holds_buffer_of(tiled.layout, 304 * 640 * 2));
+  REQUIRE(tiled.params.size() == whole.params.size());
+  for (size_t i = 0; i < tiled.params.size(); ++i) {
+    INFO("parameter " << i);
+    REQUIRE(tiled.params[i].size() == whole.params[i].size());
+    CHECK(std::memcmp(tiled.params[i].data(), whole.params[i].data(), tiled.params[i].size() * sizeof(float)) == 0);
   }
 }
 

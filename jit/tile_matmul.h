@@ -15,7 +15,7 @@
 namespace kiln::jit {
 
 // Bytes of one tile of the product: small enough to stay in a core's L2 between the matmul that
-// writes it and the kernel that reads it.
+// writes it and the kernel that reads it (bfloat16 tiles: twice that, see matmul_row_block).
 inline constexpr int64_t kMatmulTileBytes = 256 * 1024;
 // Bytes of one block of a large product of a row-major A, or of a long sum's B operand: blocks
 // are separate GEMM calls, and each call costs tens of microseconds beyond its arithmetic.

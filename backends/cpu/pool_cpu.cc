@@ -3,12 +3,20 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 #include <type_traits>
 
 #include "core/error.h"
 
 namespace kiln::cpu {
 namespace {
+
+// A bfloat16 value as stored: compared as the float it widens to (exactly), copied as its bits,
+// so a pooled value (a NaN's payload included) is the input's.
+struct Bf16 {
+  uint16_t bits;
+  operator float() const { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+};
 
 // The window arg-max of output rows [r0, r1) in plain C++: any window, any float type.
 template <typename T, typename O>
@@ -39,30 +47,43 @@ void offsets_scalar(const T* x, O* out, int64_t OW, int64_t kh, int64_t kw, int6
 // Compiled for AVX-512 whatever the build's -march; called only where the CPU has it.
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 
-// The four elements of 2 x 2 float windows, 16 windows at a time: the even and odd columns of
-// both input rows, deinterleaved from two loads each (masked past the row's end).
+// The four elements of 2 x 2 windows as floats (bfloat16 widened), 16 windows at a time: the even
+// and odd columns of both input rows, deinterleaved from two loads each (masked past the row's
+// end).
 struct Windows2x2 {
   __m512 v0, v1, v2, v3;
   __mmask16 store;  // the n windows of this step
 };
 
-AVX512 inline Windows2x2 load_2x2(const float* top, int64_t W, int64_t n) {
+AVX512 inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+// (maskz forms throughout: the plain ones' undefined sources trip GCC 12's -Wmaybe-uninitialized)
+AVX512 inline __m512 load16(const Bf16* p, __mmask16 m) {
+  const __m512i wide = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_maskz_loadu_epi16(m, p));
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, wide, 16));
+}
+AVX512 inline void store16(float* p, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(p, m, v); }
+AVX512 inline void store16(Bf16* p, __mmask16 m, __m512 v) {  // the top halves: exact, v was widened
+  const __m512i top = _mm512_maskz_srli_epi32(0xFFFF, _mm512_castps_si512(v), 16);
+  _mm256_mask_storeu_epi16(p, m, _mm512_maskz_cvtepi32_epi16(0xFFFF, top));
+}
+
+template <typename T>
+AVX512 inline Windows2x2 load_2x2(const T* top, int64_t W, int64_t n) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   const __mmask16 lo = n >= 8 ? 0xFFFF : static_cast<__mmask16>((1u << (2 * n)) - 1);
   const __mmask16 hi = n > 8 ? static_cast<__mmask16>((1u << (2 * n - 16)) - 1) : 0;
-  const float* bottom = top + W;
-  const __m512 t_lo = _mm512_maskz_loadu_ps(lo, top), t_hi = _mm512_maskz_loadu_ps(hi, top + 16);
-  const __m512 b_lo = _mm512_maskz_loadu_ps(lo, bottom), b_hi = _mm512_maskz_loadu_ps(hi, bottom + 16);
+  const T* bottom = top + W;
+  const __m512 t_lo = load16(top, lo), t_hi = load16(top + 16, hi);
+  const __m512 b_lo = load16(bottom, lo), b_hi = load16(bottom + 16, hi);
   return {_mm512_permutex2var_ps(t_lo, even, t_hi), _mm512_permutex2var_ps(t_lo, odd, t_hi),
           _mm512_permutex2var_ps(b_lo, even, b_hi), _mm512_permutex2var_ps(b_lo, odd, b_hi),
           n == 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1)};
 }
 
 // The arg-max: four compares and three blends per 16 windows, without a branch.
-template <typename O>
-AVX512 void offsets_2x2_avx512(const float* x, O* out, int64_t OW, int64_t r0,
-                                                            int64_t r1) {
+template <typename T, typename O>
+AVX512 void offsets_2x2_avx512(const T* x, O* out, int64_t OW, int64_t r0, int64_t r1) {
   const int64_t W = 2 * OW;
   const __m512i off1 = _mm512_set1_epi32(1), off2 = _mm512_set1_epi32(static_cast<int>(W)),
                 off3 = _mm512_set1_epi32(static_cast<int>(W + 1));
@@ -92,9 +113,8 @@ AVX512 void offsets_2x2_avx512(const float* x, O* out, int64_t OW, int64_t r0,
 
 // The element at each offset: three blends per 16 windows. Returns false at an offset that is
 // not one of the window's four.
-template <typename O>
-AVX512 bool gather_2x2_avx512(const float* x, const O* offsets, float* out, int64_t OW,
-                                                           int64_t r0, int64_t r1) {
+template <typename T, typename O>
+AVX512 bool gather_2x2_avx512(const T* x, const O* offsets, T* out, int64_t OW, int64_t r0, int64_t r1) {
   const int64_t W = 2 * OW;
   const __m512i off1 = _mm512_set1_epi32(1), off2 = _mm512_set1_epi32(static_cast<int>(W)),
                 off3 = _mm512_set1_epi32(static_cast<int>(W + 1));
@@ -115,7 +135,7 @@ AVX512 bool gather_2x2_avx512(const float* x, const O* offsets, float* out, int6
       __m512 y = _mm512_mask_mov_ps(w.v0, at1, w.v1);
       y = _mm512_mask_mov_ps(y, at2, w.v2);
       y = _mm512_mask_mov_ps(y, at3, w.v3);
-      _mm512_mask_storeu_ps(out + r * OW + ow, w.store, y);
+      store16(out + r * OW + ow, w.store, y);
     }
   return true;
 }
@@ -151,11 +171,14 @@ bool for_row_blocks(int64_t rows, int64_t row_input_elements, Body body) {
   return ok;
 }
 
+template <typename T>
+constexpr bool kVectorType = std::is_same_v<T, float> || std::is_same_v<T, Bf16>;
+
 template <typename T, typename O>
 void offsets(const T* x, O* out, int64_t planes, int64_t OH, int64_t OW, int64_t kh, int64_t kw) {
-  const bool vector = std::is_same_v<T, float> && kh == 2 && kw == 2 && has_avx512();
+  const bool vector = kVectorType<T> && kh == 2 && kw == 2 && has_avx512();
   for_row_blocks(planes * OH, kh * kw * OW, [&](int64_t r0, int64_t r1) {
-    if constexpr (std::is_same_v<T, float>)
+    if constexpr (kVectorType<T>)
       if (vector) return offsets_2x2_avx512(x, out, OW, r0, r1), true;
     return offsets_scalar(x, out, OW, kh, kw, r0, r1), true;
   });
@@ -163,9 +186,9 @@ void offsets(const T* x, O* out, int64_t planes, int64_t OH, int64_t OW, int64_t
 
 template <typename T, typename O>
 bool gather(const T* x, const O* offsets, T* out, int64_t planes, int64_t OH, int64_t OW, int64_t kh, int64_t kw) {
-  const bool vector = std::is_same_v<T, float> && kh == 2 && kw == 2 && has_avx512();
+  const bool vector = kVectorType<T> && kh == 2 && kw == 2 && has_avx512();
   return for_row_blocks(planes * OH, kh * kw * OW, [&](int64_t r0, int64_t r1) {
-    if constexpr (std::is_same_v<T, float>)
+    if constexpr (kVectorType<T>)
       if (vector) return gather_2x2_avx512(x, offsets, out, OW, r0, r1);
     return gather_scalar(x, offsets, out, OW, kh, kw, r0, r1);
   });
@@ -177,12 +200,13 @@ auto with_types(DType t, DType offset_t, F f) {
   auto as_offsets = [&](auto value) {
     return offset_t == DType::Int8 ? f(value, int8_t{}) : f(value, int32_t{});
   };
+  if (t == DType::BFloat16) return as_offsets(Bf16{});
   return t == DType::Float32 ? as_offsets(float{}) : as_offsets(double{});
 }
 
 void check_types(const char* op, DType t, DType offset_t) {
   KILN_CHECK(supports_max_pool_offsets(t) && (offset_t == DType::Int8 || offset_t == DType::Int32), op,
-             "takes float32 or float64 values and int8 or int32 offsets; got {} and {}", dtype_name(t),
+             "takes float32, float64 or bfloat16 values and int8 or int32 offsets; got {} and {}", dtype_name(t),
              dtype_name(offset_t));
 }
 
@@ -190,7 +214,9 @@ void check_types(const char* op, DType t, DType offset_t) {
 
 }  // namespace
 
-bool supports_max_pool_offsets(DType t) { return t == DType::Float32 || t == DType::Float64; }
+bool supports_max_pool_offsets(DType t) {
+  return t == DType::Float32 || t == DType::Float64 || t == DType::BFloat16;
+}
 
 void max_pool_offsets(DType t, DType offset_t, const void* x, void* out, int64_t planes, int64_t OH, int64_t OW,
                       int64_t kh, int64_t kw) {

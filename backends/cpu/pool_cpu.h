@@ -12,7 +12,7 @@
 
 namespace kiln::cpu {
 
-// Whether max_pool_offsets takes inputs of this dtype (float32, float64).
+// Whether max_pool_offsets takes inputs of this dtype (float32, float64, bfloat16).
 bool supports_max_pool_offsets(DType t);
 
 // x: contiguous (planes, OH * kh, OW * kw) of dtype t; out: (planes, OH, OW) of offset_t (Int8 or

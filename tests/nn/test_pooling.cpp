@@ -358,8 +358,8 @@ bool records(const Tensor& t, Op op) {
 }  // namespace
 
 TEST_CASE("the host window arg-max of tiled max pooling agrees with the select chain", "[pooling]") {
-  // float32 and float64 inputs take prim::max_pool_offsets (AVX-512 for float32 2 x 2 windows,
-  // plain C++ otherwise); float16 takes the JIT's select chain. Values exact in float16 (small
+  // float32, float64 and bfloat16 inputs take prim::max_pool_offsets (AVX-512 for float32 and
+  // bfloat16 2 x 2 windows, plain C++ otherwise); float16 takes the JIT's select chain. Values exact in float16 (small
   // integers: ties everywhere; signed zeros, infinities, NaNs) must give the same outputs and
   // send the gradient to the same elements. Widths cover the vector path's partial steps.
   struct Case {
@@ -393,7 +393,7 @@ TEST_CASE("the host window arg-max of tiled max pooling agrees with the select c
     };
     std::vector<double> y16, dx16;
     pool(DType::Float16, y16, dx16);
-    for (DType t : {DType::Float32, DType::Float64}) {
+    for (DType t : {DType::Float32, DType::Float64, DType::BFloat16}) {
       INFO(dtype_name(t));
       std::vector<double> y, dx;
       pool(t, y, dx);
@@ -413,7 +413,7 @@ TEST_CASE("prim::max_pool_offsets: the first maximum's offset, int8 or int32, an
   // [1, 3; 3, 2] picks (0, 1); all equal: (0, 0); [0, NaN; 1, NaN] the first NaN, (0, 1), also
   // where an earlier element equals the maximum of the others, as in [5, NaN; 5, 3].
   Tensor x = from_vector<float>({1, 3, 5, 5, 0, NAN, 5, NAN, 3, 2, 5, 5, 1, NAN, 5, 3}, {1, 1, 2, 8});
-  for (DType t : {DType::Float32, DType::Float64}) {
+  for (DType t : {DType::Float32, DType::Float64, DType::BFloat16}) {
     Tensor off = prim::max_pool_offsets(cast(x, t), 2, 2, DType::Int8);
     CHECK(off.dtype() == DType::Int8);
     CHECK(off.to_vector<int8_t>() == std::vector<int8_t>{1, 0, 1, 1});

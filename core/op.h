@@ -34,7 +34,7 @@ namespace kiln {
   X(Matmul, Library) X(Conv2d, Library) X(Conv2dBackwardData, Library)                  \
   X(Conv2dBackwardWeight, Library)                                                      \
   /* max pooling's window arg-max where windows tile the input (ops/pooling.cc) */      \
-  X(MaxPoolOffsets, Library) X(MaxPoolGather, Library)                                  \
+  X(MaxPoolOffsets, Library) X(MaxPoolGather, Library) X(MaxPoolScatter, Library)       \
   /* collectives: a kernel the executor starts and waits for (jit/collective.h) */      \
   X(AllReduce, Library) X(Send, Library) X(Recv, Library)                               \
   /* int8: the matmul of a dynamically quantized Linear (nn/quantize.h) */              \

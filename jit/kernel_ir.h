@@ -93,8 +93,11 @@ struct ConvCall {
 // Without offsets the output holds, per window, the offset a * W + b of its first maximum (int8 or
 // int32); with them (a buffer of such offsets), the window's element there.
 struct PoolCall {
+  // The window arg-max (offsets_buffer < 0), the gather of x at the offsets, or (scatter) the
+  // gather's gradient: x's pooled values, each back at its offset in its window.
   int x_buffer = -1, offsets_buffer = -1;  // kernel buffers
-  int64_t planes = 0, OH = 0, OW = 0, kh = 0, kw = 0;
+  int64_t planes = 0, OH = 0, OW = 0, kh = 0, kw = 0;  // the pooled grid (planes, OH, OW)
+  bool scatter = false;
 };
 
 // Fused attention (ops/primitive.h prim::attention): softmax(scale q kᵀ [causal]) v without the

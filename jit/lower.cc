@@ -520,12 +520,14 @@ Kernel build_pool(Lowerer& s, const Node* node, int slot) {
   Kernel k = library_kernel(s, KernelKind::Pool, node, slot);
   PoolCall& p = k.pool;
   p.x_buffer = contiguous_operand(s, k, node->inputs[0].get());
-  if (node->op == Op::MaxPoolGather) p.offsets_buffer = contiguous_operand(s, k, node->inputs[1].get());
+  if (node->op != Op::MaxPoolOffsets) p.offsets_buffer = contiguous_operand(s, k, node->inputs[1].get());
+  p.scatter = node->op == Op::MaxPoolScatter;
   p.kh = node->ints[0];
   p.kw = node->ints[1];
-  p.planes = node->shape[0] * node->shape[1];
-  p.OH = node->shape[2];
-  p.OW = node->shape[3];
+  const Shape& grid = p.scatter ? node->inputs[0]->shape : node->shape;
+  p.planes = grid[0] * grid[1];
+  p.OH = grid[2];
+  p.OW = grid[3];
   k.summary = fmt::format("{} {} {}x{} -> {}", op_name(node->op), shape_str(node->inputs[0]->shape), p.kh, p.kw,
                           dtype_name(node->dtype));
   return k;
@@ -798,7 +800,7 @@ bool Lowerer::build_kernels() {
           if (!build_attention(*this, node, slot, k)) return false;
           break;
         }
-        if (node->op == Op::MaxPoolOffsets || node->op == Op::MaxPoolGather) {
+        if (node->op == Op::MaxPoolOffsets || node->op == Op::MaxPoolGather || node->op == Op::MaxPoolScatter) {
           k = build_pool(*this, node, slot);
           break;
         }

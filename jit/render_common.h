@@ -69,7 +69,7 @@ inline constexpr OpPatterns kSharedPatterns = {{
     {Op::Gather, nullptr, nullptr}, {Op::ScatterAdd, nullptr, nullptr},
     {Op::Matmul, nullptr, nullptr}, {Op::Conv2d, nullptr, nullptr}, {Op::Conv2dBackwardData, nullptr, nullptr},
     {Op::Conv2dBackwardWeight, nullptr, nullptr}, {Op::MaxPoolOffsets, nullptr, nullptr},
-    {Op::MaxPoolGather, nullptr, nullptr},
+    {Op::MaxPoolGather, nullptr, nullptr}, {Op::MaxPoolScatter, nullptr, nullptr},
     {Op::AllReduce, nullptr, nullptr},
     {Op::Send, nullptr, nullptr}, {Op::Recv, nullptr, nullptr}, {Op::QuantizedMatmul, nullptr, nullptr},
     {Op::Attention, nullptr, nullptr}, {Op::AttentionBackward, nullptr, nullptr},

@@ -173,14 +173,15 @@ Grads scatter_add_grad(const NodePtr& n, const Tensor& g) {
   return {Tensor(), prim::gather(g, n->ints[0], index)};
 }
 
-// The window element at each offset: the gradient scatters back to it, as the gather over the
-// (N, C, OH, kh * W) view that max_pool2d builds elsewhere would (the same kernel, the same bits).
+// The window element at each offset: the gradient goes back to it, zeros to the rest of the
+// window, from a host kernel like the gather's (a scatter_add over the (N, C, OH, kh * W) view, as
+// max_pool2d's general path runs it, gives the same bits but runs as scalar code).
 Grads max_pool_gather_grad(const NodePtr& n, const Tensor& g) {
-  const Tensor offsets = in(n, 1);
-  const Shape& x = n->inputs[0]->shape;
-  const int64_t kh = n->ints[0], kw = n->ints[1];
-  const Tensor index = iota(offsets.shape(), 3, DType::Int32) * static_cast<double>(kw) + cast(offsets, DType::Int32);
-  return {prim::scatter_add({x[0], x[1], x[2] / kh, kh * x[3]}, 3, index, g).reshape(x), Tensor()};
+  return {prim::max_pool_scatter(g, in(n, 1), n->ints[0], n->ints[1]), Tensor()};
+}
+
+Grads max_pool_scatter_grad(const NodePtr& n, const Tensor& g) {
+  return {prim::max_pool_gather(g, in(n, 1), n->ints[0], n->ints[1]), Tensor()};
 }
 
 Grads matmul_grad(const NodePtr& n, const Tensor& g) {
@@ -275,7 +276,7 @@ constexpr GradEntry kGradRules[] = {
     {Op::Gather, gather_grad}, {Op::ScatterAdd, scatter_add_grad},
     {Op::Matmul, matmul_grad}, {Op::Conv2d, conv2d_grad}, {Op::Conv2dBackwardData, conv2d_backward_data_grad},
     {Op::Conv2dBackwardWeight, conv2d_backward_weight_grad}, {Op::MaxPoolOffsets, no_grad_inputs},
-    {Op::MaxPoolGather, max_pool_gather_grad},
+    {Op::MaxPoolGather, max_pool_gather_grad}, {Op::MaxPoolScatter, max_pool_scatter_grad},
     {Op::AllReduce, all_reduce_grad},
     {Op::Send, no_grad_inputs}, {Op::Recv, no_grad_inputs}, {Op::QuantizedMatmul, quantized_matmul_grad},
     {Op::Attention, attention_grad}, {Op::AttentionBackward, attention_backward_grad},

@@ -380,6 +380,16 @@ Tensor max_pool_gather(const Tensor& x, const Tensor& offsets, int64_t kh, int64
   return make(Op::MaxPoolGather, x.dtype(), offsets.shape(), {x, offsets}, {kh, kw});
 }
 
+Tensor max_pool_scatter(const Tensor& g, const Tensor& offsets, int64_t kh, int64_t kw) {
+  KILN_CHECK(g.dim() == 4 && kh > 0 && kw > 0 && offsets.shape() == g.shape() &&
+                 (offsets.dtype() == DType::Int8 || offsets.dtype() == DType::Int32),
+             "max_pool_scatter", "needs (N, C, OH, OW) values and int8 or int32 offsets of that shape, ({}, {}) "
+             "windows; got {} and {} {}", kh, kw, shape_str(g.shape()), dtype_name(offsets.dtype()),
+             shape_str(offsets.shape()));
+  return make(Op::MaxPoolScatter, g.dtype(), {g.size(0), g.size(1), g.size(2) * kh, g.size(3) * kw}, {g, offsets},
+              {kh, kw});
+}
+
 Shape conv2d_output_shape(const Shape& x, const Shape& weight, const std::vector<int64_t>& conv) {
   return check_conv("conv2d", x, weight, conv);
 }

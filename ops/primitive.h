@@ -122,5 +122,8 @@ Tensor max_pool_offsets(const Tensor& x, int64_t kh, int64_t kw, DType offset_t)
 // The window element of x at each of those offsets: max pooling's output, computed on the host
 // with the same windows. Its gradient scatters to the offsets.
 Tensor max_pool_gather(const Tensor& x, const Tensor& offsets, int64_t kh, int64_t kw);
+// max_pool_gather's gradient: each window of the (N, C, OH * kh, OW * kw) result holds g's value at
+// its offset and zeros elsewhere.
+Tensor max_pool_scatter(const Tensor& g, const Tensor& offsets, int64_t kh, int64_t kw);
 
 }  // namespace kiln::prim

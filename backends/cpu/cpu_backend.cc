@@ -163,6 +163,9 @@ void run_host_library(const jit::Kernel& k, void* const* ptrs) {
     if (p.offsets_buffer < 0)
       max_pool_offsets(k.buffers[static_cast<size_t>(p.x_buffer)].dtype, k.buffers[0].dtype, at(p.x_buffer), at(0),
                        p.planes, p.OH, p.OW, p.kh, p.kw);
+    else if (p.scatter)
+      max_pool_scatter(k.buffers[0].dtype, k.buffers[static_cast<size_t>(p.offsets_buffer)].dtype, at(p.x_buffer),
+                       at(p.offsets_buffer), at(0), p.planes, p.OH, p.OW, p.kh, p.kw);
     else
       max_pool_gather(k.buffers[0].dtype, k.buffers[static_cast<size_t>(p.offsets_buffer)].dtype, at(p.x_buffer),
                       at(p.offsets_buffer), at(0), p.planes, p.OH, p.OW, p.kh, p.kw);

@@ -140,6 +140,69 @@ AVX512 bool gather_2x2_avx512(const T* x, const O* offsets, T* out, int64_t OW, 
   return true;
 }
 
+// The gather's gradient: each window's value at its offset, +0.0 at the others (see plus_zero),
+// interleaved back into the two input rows. Returns false at an offset outside the window.
+template <typename T, typename O>
+AVX512 bool scatter_2x2_avx512(const T* g, const O* offsets, T* out, int64_t OW, int64_t r0, int64_t r1) {
+  const int64_t W = 2 * OW;
+  const __m512i off1 = _mm512_set1_epi32(1), off2 = _mm512_set1_epi32(static_cast<int>(W)),
+                off3 = _mm512_set1_epi32(static_cast<int>(W + 1));
+  const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t ow = 0; ow < OW; ow += 16) {
+      const int64_t n = std::min<int64_t>(16, OW - ow);
+      const __mmask16 windows = n == 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+      __m512i off;
+      if constexpr (sizeof(O) == 1) {
+        off = _mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_maskz_loadu_epi8(windows, offsets + r * OW + ow));
+      } else {
+        off = _mm512_maskz_loadu_epi32(windows, offsets + r * OW + ow);
+      }
+      const __mmask16 at0 = _mm512_cmpeq_epi32_mask(off, _mm512_setzero_si512()),
+                      at1 = _mm512_cmpeq_epi32_mask(off, off1), at2 = _mm512_cmpeq_epi32_mask(off, off2),
+                      at3 = _mm512_cmpeq_epi32_mask(off, off3);
+      if ((windows & ~(at0 | at1 | at2 | at3)) != 0) return false;
+      const __m512 y = _mm512_maskz_add_ps(0xFFFF, load16(g + r * OW + ow, windows), _mm512_setzero_ps());
+      const __m512 v0 = _mm512_maskz_mov_ps(at0, y), v1 = _mm512_maskz_mov_ps(at1, y),
+                   v2 = _mm512_maskz_mov_ps(at2, y), v3 = _mm512_maskz_mov_ps(at3, y);
+      const __mmask16 lo = n >= 8 ? 0xFFFF : static_cast<__mmask16>((1u << (2 * n)) - 1);
+      const __mmask16 hi = n > 8 ? static_cast<__mmask16>((1u << (2 * n - 16)) - 1) : 0;
+      T* top = out + r * 2 * W + 2 * ow;
+      T* bottom = top + W;
+      store16(top, lo, _mm512_permutex2var_ps(v0, first, v1));
+      store16(top + 16, hi, _mm512_permutex2var_ps(v0, second, v1));
+      store16(bottom, lo, _mm512_permutex2var_ps(v2, first, v3));
+      store16(bottom + 16, hi, _mm512_permutex2var_ps(v2, second, v3));
+    }
+  return true;
+}
+
+// v + 0.0 in v's type: what a scatter-add into zeros stores (-0.0 becomes +0.0, a NaN turns quiet).
+template <typename T>
+T plus_zero(T v) {
+  if constexpr (std::is_same_v<T, Bf16>)  // exact in float, so the top half is the bfloat16 sum
+    return Bf16{static_cast<uint16_t>(std::bit_cast<uint32_t>(static_cast<float>(v) + 0.0f) >> 16)};
+  else
+    return v + T{0};
+}
+
+// The gather's gradient in plain C++; false at an offset outside its window.
+template <typename T, typename O>
+bool scatter_scalar(const T* g, const O* offsets, T* out, int64_t OW, int64_t kh, int64_t kw, int64_t r0, int64_t r1) {
+  const int64_t W = OW * kw;
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t ow = 0; ow < OW; ++ow) {
+      const int64_t off = offsets[r * OW + ow];
+      if (off < 0 || off / W >= kh || off % W >= kw) return false;
+      T* window = out + r * kh * W + ow * kw;
+      for (int64_t a = 0; a < kh; ++a)
+        for (int64_t b = 0; b < kw; ++b) window[a * W + b] = T{};
+      window[off] = plus_zero(g[r * OW + ow]);
+    }
+  return true;
+}
+
 // The element at each offset in plain C++; false at an offset outside its window.
 template <typename T, typename O>
 bool gather_scalar(const T* x, const O* offsets, T* out, int64_t OW, int64_t kh, int64_t kw, int64_t r0, int64_t r1) {
@@ -194,6 +257,16 @@ bool gather(const T* x, const O* offsets, T* out, int64_t planes, int64_t OH, in
   });
 }
 
+template <typename T, typename O>
+bool scatter(const T* g, const O* offsets, T* out, int64_t planes, int64_t OH, int64_t OW, int64_t kh, int64_t kw) {
+  const bool vector = kVectorType<T> && kh == 2 && kw == 2 && has_avx512();
+  return for_row_blocks(planes * OH, kh * kw * OW, [&](int64_t r0, int64_t r1) {
+    if constexpr (kVectorType<T>)
+      if (vector) return scatter_2x2_avx512(g, offsets, out, OW, r0, r1);
+    return scatter_scalar(g, offsets, out, OW, kh, kw, r0, r1);
+  });
+}
+
 // f(T{}, O{}) for the input and offset dtypes.
 template <typename F>
 auto with_types(DType t, DType offset_t, F f) {
@@ -239,6 +312,19 @@ void max_pool_gather(DType t, DType offset_t, const void* x, const void* offsets
   });
   KILN_CHECK(ok, "max_pool_gather", "an offset lies outside its ({}, {}) window of a ({}, {}) plane; offsets come "
              "from max_pool_offsets of the same input", kh, kw, OH * kh, OW * kw);
+}
+
+void max_pool_scatter(DType t, DType offset_t, const void* g, const void* offsets, void* out, int64_t planes,
+                      int64_t OH, int64_t OW, int64_t kh, int64_t kw) {
+  check_types("max_pool_scatter", t, offset_t);
+  const bool ok = with_types(t, offset_t, [&](auto value, auto offset) {
+    using T = decltype(value);
+    using O = decltype(offset);
+    return scatter(static_cast<const T*>(g), static_cast<const O*>(offsets), static_cast<T*>(out), planes, OH, OW, kh,
+                   kw);
+  });
+  KILN_CHECK(ok, "max_pool_scatter", "an offset lies outside its ({}, {}) window of a ({}, {}) plane; offsets come "
+             "from max_pool_offsets of the input pooled", kh, kw, OH * kh, OW * kw);
 }
 
 }  // namespace kiln::cpu

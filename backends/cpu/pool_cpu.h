@@ -26,4 +26,10 @@ void max_pool_offsets(DType t, DType offset_t, const void* x, void* out, int64_t
 void max_pool_gather(DType t, DType offset_t, const void* x, const void* offsets, void* out, int64_t planes,
                      int64_t OH, int64_t OW, int64_t kh, int64_t kw);
 
+// The gather's gradient. g: (planes, OH, OW) of dtype t; out: contiguous (planes, OH * kh, OW * kw),
+// each window g's value at its offset (plus +0.0, as a scatter-add into zeros: a -0.0 lands as
+// +0.0) and +0.0 elsewhere. An offset outside its window throws kiln::Error.
+void max_pool_scatter(DType t, DType offset_t, const void* g, const void* offsets, void* out, int64_t planes,
+                      int64_t OH, int64_t OW, int64_t kh, int64_t kw);
+
 }  // namespace kiln::cpu

@@ -358,8 +358,9 @@ bool records(const Tensor& t, Op op) {
 }  // namespace
 
 TEST_CASE("the host window arg-max of tiled max pooling agrees with the select chain", "[pooling]") {
-  // float32, float64 and bfloat16 inputs take prim::max_pool_offsets (AVX-512 for float32 and
-  // bfloat16 2 x 2 windows, plain C++ otherwise); float16 takes the JIT's select chain. Values exact in float16 (small
+  // float32, float64 and bfloat16 inputs take prim::max_pool_offsets, and their gradient
+  // prim::max_pool_scatter (AVX-512 for float32 and bfloat16 2 x 2 windows, plain C++ otherwise);
+  // float16 takes the JIT's select chain and scatter-add. Values exact in float16 (small
   // integers: ties everywhere; signed zeros, infinities, NaNs) must give the same outputs and
   // send the gradient to the same elements. Widths cover the vector path's partial steps.
   struct Case {
@@ -383,13 +384,17 @@ TEST_CASE("the host window arg-max of tiled max pooling agrees with the select c
     }
     Shape out_shape = {c.shape[0], c.shape[1], c.shape[2] / c.kernel[0], c.shape[3] / c.kernel[1]};
     std::vector<double> dy(static_cast<size_t>(numel(out_shape)));
-    for (double& v : dy) v = static_cast<double>(rng() % 7) + 1.0;
+    // -0.0 among them: a scatter-add into zeros stores +0.0 there, and so must the host kernel.
+    for (double& v : dy) v = rng() % 8 == 0 ? -0.0 : static_cast<double>(rng() % 7) + 1.0;
     auto pool = [&](DType t, std::vector<double>& y, std::vector<double>& dx) {
       Tensor x = from_doubles(xs, c.shape, t).requires_grad_();
       Tensor out = max_pool2d(x, c.kernel);
       CHECK(records(out, Op::MaxPoolOffsets) == (t != DType::Float16));
+      const Tensor gx = grad(out, {x}, from_doubles(dy, out_shape, t))[0];
+      CHECK(records(gx, Op::MaxPoolScatter) == (t != DType::Float16));
       y = cast(out, DType::Float64).to_vector<double>();
-      dx = cast(grad(out, {x}, from_doubles(dy, out_shape, t))[0], DType::Float64).to_vector<double>();
+      dx = cast(gx, DType::Float64).to_vector<double>();
+
     };
     std::vector<double> y16, dx16;
     pool(DType::Float16, y16, dx16);
@@ -405,6 +410,7 @@ TEST_CASE("the host window arg-max of tiled max pooling agrees with the select c
         CHECK(std::signbit(y[i]) == std::signbit(y16[i]));  // which zero won
       }
       CHECK(dx == dx16);
+      for (size_t i = 0; i < dx.size(); ++i) CHECK(std::signbit(dx[i]) == std::signbit(dx16[i]));
     }
   }
 }

@@ -30,6 +30,7 @@ int buffer_of(Kernel& k, int slot, DType dtype) {
 // Rows per block when `rows` rows of `bytes` in all are split into blocks of about
 // `block_bytes`, evenly, in multiples of 8 rows and at least 64 (or 0: one block).
 int64_t even_blocks(int64_t rows, int64_t bytes, int64_t block_bytes = kMatmulBlockBytes) {
+  if (rows <= 0 || bytes <= 0) return 0;  // an empty product: one (empty) block
   const int64_t blocks = (bytes + block_bytes - 1) / block_bytes;
   int64_t per = std::max<int64_t>(64, (rows + blocks - 1) / blocks);
   per += (8 - per % 8) % 8;

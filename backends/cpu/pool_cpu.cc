@@ -111,30 +111,42 @@ AVX512 void offsets_2x2_avx512(const T* x, O* out, int64_t OW, int64_t r0, int64
     }
 }
 
+// Which of a 2 x 2 window's elements each of 16 offsets names (0, 1, W, W + 1), and whether every
+// offset of the `windows` lanes names one.
+struct Picks2x2 {
+  __mmask16 at0, at1, at2, at3;
+  bool valid;
+};
+
+template <typename O>
+AVX512 inline Picks2x2 picks_2x2(const O* offsets, __mmask16 windows, int64_t W) {
+  __m512i off;
+  if constexpr (sizeof(O) == 1) {
+    off = _mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_maskz_loadu_epi8(windows, offsets));
+  } else {
+    off = _mm512_maskz_loadu_epi32(windows, offsets);
+  }
+  const __mmask16 at0 = _mm512_cmpeq_epi32_mask(off, _mm512_setzero_si512()),
+                  at1 = _mm512_cmpeq_epi32_mask(off, _mm512_set1_epi32(1)),
+                  at2 = _mm512_cmpeq_epi32_mask(off, _mm512_set1_epi32(static_cast<int>(W))),
+                  at3 = _mm512_cmpeq_epi32_mask(off, _mm512_set1_epi32(static_cast<int>(W + 1)));
+  return {at0, at1, at2, at3, (windows & ~(at0 | at1 | at2 | at3)) == 0};
+}
+
 // The element at each offset: three blends per 16 windows. Returns false at an offset that is
 // not one of the window's four.
 template <typename T, typename O>
 AVX512 bool gather_2x2_avx512(const T* x, const O* offsets, T* out, int64_t OW, int64_t r0, int64_t r1) {
   const int64_t W = 2 * OW;
-  const __m512i off1 = _mm512_set1_epi32(1), off2 = _mm512_set1_epi32(static_cast<int>(W)),
-                off3 = _mm512_set1_epi32(static_cast<int>(W + 1));
   for (int64_t r = r0; r < r1; ++r)
     for (int64_t ow = 0; ow < OW; ow += 16) {
       const int64_t n = std::min<int64_t>(16, OW - ow);
       const Windows2x2 w = load_2x2(x + r * 2 * W + 2 * ow, W, n);
-      __m512i off;
-      if constexpr (sizeof(O) == 1) {
-        off = _mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_maskz_loadu_epi8(w.store, offsets + r * OW + ow));
-      } else {
-        off = _mm512_maskz_loadu_epi32(w.store, offsets + r * OW + ow);
-      }
-      const __mmask16 at0 = _mm512_cmpeq_epi32_mask(off, _mm512_setzero_si512()),
-                      at1 = _mm512_cmpeq_epi32_mask(off, off1), at2 = _mm512_cmpeq_epi32_mask(off, off2),
-                      at3 = _mm512_cmpeq_epi32_mask(off, off3);
-      if ((w.store & ~(at0 | at1 | at2 | at3)) != 0) return false;
-      __m512 y = _mm512_mask_mov_ps(w.v0, at1, w.v1);
-      y = _mm512_mask_mov_ps(y, at2, w.v2);
-      y = _mm512_mask_mov_ps(y, at3, w.v3);
+      const Picks2x2 p = picks_2x2(offsets + r * OW + ow, w.store, W);
+      if (!p.valid) return false;
+      __m512 y = _mm512_mask_mov_ps(w.v0, p.at1, w.v1);
+      y = _mm512_mask_mov_ps(y, p.at2, w.v2);
+      y = _mm512_mask_mov_ps(y, p.at3, w.v3);
       store16(out + r * OW + ow, w.store, y);
     }
   return true;
@@ -145,27 +157,17 @@ AVX512 bool gather_2x2_avx512(const T* x, const O* offsets, T* out, int64_t OW, 
 template <typename T, typename O>
 AVX512 bool scatter_2x2_avx512(const T* g, const O* offsets, T* out, int64_t OW, int64_t r0, int64_t r1) {
   const int64_t W = 2 * OW;
-  const __m512i off1 = _mm512_set1_epi32(1), off2 = _mm512_set1_epi32(static_cast<int>(W)),
-                off3 = _mm512_set1_epi32(static_cast<int>(W + 1));
   const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   const __m512i second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
   for (int64_t r = r0; r < r1; ++r)
     for (int64_t ow = 0; ow < OW; ow += 16) {
       const int64_t n = std::min<int64_t>(16, OW - ow);
       const __mmask16 windows = n == 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
-      __m512i off;
-      if constexpr (sizeof(O) == 1) {
-        off = _mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_maskz_loadu_epi8(windows, offsets + r * OW + ow));
-      } else {
-        off = _mm512_maskz_loadu_epi32(windows, offsets + r * OW + ow);
-      }
-      const __mmask16 at0 = _mm512_cmpeq_epi32_mask(off, _mm512_setzero_si512()),
-                      at1 = _mm512_cmpeq_epi32_mask(off, off1), at2 = _mm512_cmpeq_epi32_mask(off, off2),
-                      at3 = _mm512_cmpeq_epi32_mask(off, off3);
-      if ((windows & ~(at0 | at1 | at2 | at3)) != 0) return false;
+      const Picks2x2 p = picks_2x2(offsets + r * OW + ow, windows, W);
+      if (!p.valid) return false;
       const __m512 y = _mm512_maskz_add_ps(0xFFFF, load16(g + r * OW + ow, windows), _mm512_setzero_ps());
-      const __m512 v0 = _mm512_maskz_mov_ps(at0, y), v1 = _mm512_maskz_mov_ps(at1, y),
-                   v2 = _mm512_maskz_mov_ps(at2, y), v3 = _mm512_maskz_mov_ps(at3, y);
+      const __m512 v0 = _mm512_maskz_mov_ps(p.at0, y), v1 = _mm512_maskz_mov_ps(p.at1, y),
+                   v2 = _mm512_maskz_mov_ps(p.at2, y), v3 = _mm512_maskz_mov_ps(p.at3, y);
       const __mmask16 lo = n >= 8 ? 0xFFFF : static_cast<__mmask16>((1u << (2 * n)) - 1);
       const __mmask16 hi = n > 8 ? static_cast<__mmask16>((1u << (2 * n - 16)) - 1) : 0;
       T* top = out + r * 2 * W + 2 * ow;
@@ -187,31 +189,24 @@ T plus_zero(T v) {
     return v + T{0};
 }
 
-// The gather's gradient in plain C++; false at an offset outside its window.
-template <typename T, typename O>
-bool scatter_scalar(const T* g, const O* offsets, T* out, int64_t OW, int64_t kh, int64_t kw, int64_t r0, int64_t r1) {
+// In plain C++, the gather (`pooled` written: the input's element at each offset) or, with
+// Scatter, its gradient (`input` written: each window zeros and `pooled`'s value at its offset).
+// False at an offset outside its window.
+template <bool Scatter, typename T, typename O>
+bool by_window_scalar(const T* in, const O* offsets, T* out, int64_t OW, int64_t kh, int64_t kw, int64_t r0,
+                      int64_t r1) {
   const int64_t W = OW * kw;
   for (int64_t r = r0; r < r1; ++r)
     for (int64_t ow = 0; ow < OW; ++ow) {
-      const int64_t off = offsets[r * OW + ow];
+      const int64_t off = offsets[r * OW + ow], pooled = r * OW + ow, window = r * kh * W + ow * kw;
       if (off < 0 || off / W >= kh || off % W >= kw) return false;
-      T* window = out + r * kh * W + ow * kw;
-      for (int64_t a = 0; a < kh; ++a)
-        for (int64_t b = 0; b < kw; ++b) window[a * W + b] = T{};
-      window[off] = plus_zero(g[r * OW + ow]);
-    }
-  return true;
-}
-
-// The element at each offset in plain C++; false at an offset outside its window.
-template <typename T, typename O>
-bool gather_scalar(const T* x, const O* offsets, T* out, int64_t OW, int64_t kh, int64_t kw, int64_t r0, int64_t r1) {
-  const int64_t W = OW * kw;
-  for (int64_t r = r0; r < r1; ++r)
-    for (int64_t ow = 0; ow < OW; ++ow) {
-      const int64_t off = offsets[r * OW + ow];
-      if (off < 0 || off / W >= kh || off % W >= kw) return false;
-      out[r * OW + ow] = x[r * kh * W + ow * kw + off];
+      if constexpr (Scatter) {
+        for (int64_t a = 0; a < kh; ++a)
+          for (int64_t b = 0; b < kw; ++b) out[window + a * W + b] = T{};
+        out[window + off] = plus_zero(in[pooled]);
+      } else {
+        out[pooled] = in[window + off];
+      }
     }
   return true;
 }
@@ -247,23 +242,15 @@ void offsets(const T* x, O* out, int64_t planes, int64_t OH, int64_t OW, int64_t
   });
 }
 
-template <typename T, typename O>
-bool gather(const T* x, const O* offsets, T* out, int64_t planes, int64_t OH, int64_t OW, int64_t kh, int64_t kw) {
+// The gather, or with Scatter its gradient (by_window_scalar), over every window.
+template <bool Scatter, typename T, typename O>
+bool by_window(const T* in, const O* offsets, T* out, int64_t planes, int64_t OH, int64_t OW, int64_t kh, int64_t kw) {
   const bool vector = kVectorType<T> && kh == 2 && kw == 2 && has_avx512();
   return for_row_blocks(planes * OH, kh * kw * OW, [&](int64_t r0, int64_t r1) {
     if constexpr (kVectorType<T>)
-      if (vector) return gather_2x2_avx512(x, offsets, out, OW, r0, r1);
-    return gather_scalar(x, offsets, out, OW, kh, kw, r0, r1);
-  });
-}
-
-template <typename T, typename O>
-bool scatter(const T* g, const O* offsets, T* out, int64_t planes, int64_t OH, int64_t OW, int64_t kh, int64_t kw) {
-  const bool vector = kVectorType<T> && kh == 2 && kw == 2 && has_avx512();
-  return for_row_blocks(planes * OH, kh * kw * OW, [&](int64_t r0, int64_t r1) {
-    if constexpr (kVectorType<T>)
-      if (vector) return scatter_2x2_avx512(g, offsets, out, OW, r0, r1);
-    return scatter_scalar(g, offsets, out, OW, kh, kw, r0, r1);
+      if (vector)
+        return Scatter ? scatter_2x2_avx512(in, offsets, out, OW, r0, r1) : gather_2x2_avx512(in, offsets, out, OW, r0, r1);
+    return by_window_scalar<Scatter>(in, offsets, out, OW, kh, kw, r0, r1);
   });
 }
 
@@ -301,30 +288,33 @@ void max_pool_offsets(DType t, DType offset_t, const void* x, void* out, int64_t
   });
 }
 
-void max_pool_gather(DType t, DType offset_t, const void* x, const void* offsets, void* out, int64_t planes,
-                     int64_t OH, int64_t OW, int64_t kh, int64_t kw) {
-  check_types("max_pool_gather", t, offset_t);
+namespace {
+
+// by_window<Scatter> on typed pointers; an offset outside its window is an error naming `op`.
+template <bool Scatter>
+void run_by_window(const char* op, DType t, DType offset_t, const void* in, const void* offsets, void* out,
+                   int64_t planes, int64_t OH, int64_t OW, int64_t kh, int64_t kw) {
+  check_types(op, t, offset_t);
   const bool ok = with_types(t, offset_t, [&](auto value, auto offset) {
     using T = decltype(value);
     using O = decltype(offset);
-    return gather(static_cast<const T*>(x), static_cast<const O*>(offsets), static_cast<T*>(out), planes, OH, OW, kh,
-                  kw);
+    return by_window<Scatter>(static_cast<const T*>(in), static_cast<const O*>(offsets), static_cast<T*>(out), planes,
+                              OH, OW, kh, kw);
   });
-  KILN_CHECK(ok, "max_pool_gather", "an offset lies outside its ({}, {}) window of a ({}, {}) plane; offsets come "
-             "from max_pool_offsets of the same input", kh, kw, OH * kh, OW * kw);
+  KILN_CHECK(ok, op, "an offset lies outside its ({}, {}) window of a ({}, {}) plane; offsets come from "
+             "max_pool_offsets of the input pooled", kh, kw, OH * kh, OW * kw);
+}
+
+}  // namespace
+
+void max_pool_gather(DType t, DType offset_t, const void* x, const void* offsets, void* out, int64_t planes,
+                     int64_t OH, int64_t OW, int64_t kh, int64_t kw) {
+  run_by_window<false>("max_pool_gather", t, offset_t, x, offsets, out, planes, OH, OW, kh, kw);
 }
 
 void max_pool_scatter(DType t, DType offset_t, const void* g, const void* offsets, void* out, int64_t planes,
                       int64_t OH, int64_t OW, int64_t kh, int64_t kw) {
-  check_types("max_pool_scatter", t, offset_t);
-  const bool ok = with_types(t, offset_t, [&](auto value, auto offset) {
-    using T = decltype(value);
-    using O = decltype(offset);
-    return scatter(static_cast<const T*>(g), static_cast<const O*>(offsets), static_cast<T*>(out), planes, OH, OW, kh,
-                   kw);
-  });
-  KILN_CHECK(ok, "max_pool_scatter", "an offset lies outside its ({}, {}) window of a ({}, {}) plane; offsets come "
-             "from max_pool_offsets of the input pooled", kh, kw, OH * kh, OW * kw);
+  run_by_window<true>("max_pool_scatter", t, offset_t, g, offsets, out, planes, OH, OW, kh, kw);
 }
 
 }  // namespace kiln::cpu

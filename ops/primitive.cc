@@ -372,20 +372,23 @@ Tensor max_pool_offsets(const Tensor& x, int64_t kh, int64_t kw, DType offset_t)
   return make(Op::MaxPoolOffsets, offset_t, std::move(windows), {x}, {kh, kw});
 }
 
+// Offsets of max_pool_offsets for the (N, C, OH, OW) `windows` of `op`'s input `of`.
+static void check_pool_offsets(const char* op, const Tensor& offsets, const Shape& windows, const Tensor& of) {
+  KILN_CHECK(offsets.shape() == windows && (offsets.dtype() == DType::Int8 || offsets.dtype() == DType::Int32), op,
+             "needs int8 or int32 offsets, one per window of {}: {}; got {} {}", shape_str(of.shape()),
+             shape_str(windows), dtype_name(offsets.dtype()), shape_str(offsets.shape()));
+}
+
 Tensor max_pool_gather(const Tensor& x, const Tensor& offsets, int64_t kh, int64_t kw) {
   const Shape windows = pool_windows("max_pool_gather", x, kh, kw);
-  KILN_CHECK(offsets.shape() == windows && (offsets.dtype() == DType::Int8 || offsets.dtype() == DType::Int32),
-             "max_pool_gather", "needs int8 or int32 offsets, one per window of {}: {}; got {} {}",
-             shape_str(x.shape()), shape_str(windows), dtype_name(offsets.dtype()), shape_str(offsets.shape()));
+  check_pool_offsets("max_pool_gather", offsets, windows, x);
   return make(Op::MaxPoolGather, x.dtype(), offsets.shape(), {x, offsets}, {kh, kw});
 }
 
 Tensor max_pool_scatter(const Tensor& g, const Tensor& offsets, int64_t kh, int64_t kw) {
-  KILN_CHECK(g.dim() == 4 && kh > 0 && kw > 0 && offsets.shape() == g.shape() &&
-                 (offsets.dtype() == DType::Int8 || offsets.dtype() == DType::Int32),
-             "max_pool_scatter", "needs (N, C, OH, OW) values and int8 or int32 offsets of that shape, ({}, {}) "
-             "windows; got {} and {} {}", kh, kw, shape_str(g.shape()), dtype_name(offsets.dtype()),
-             shape_str(offsets.shape()));
+  KILN_CHECK(g.dim() == 4 && kh > 0 && kw > 0, "max_pool_scatter",
+             "needs (N, C, OH, OW) pooled values and ({}, {}) windows; got {}", kh, kw, shape_str(g.shape()));
+  check_pool_offsets("max_pool_scatter", offsets, g.shape(), g);
   return make(Op::MaxPoolScatter, g.dtype(), {g.size(0), g.size(1), g.size(2) * kh, g.size(3) * kw}, {g, offsets},
               {kh, kw});
 }

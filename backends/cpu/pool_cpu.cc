@@ -67,18 +67,28 @@ AVX512 inline void store16(Bf16* p, __mmask16 m, __m512 v) {  // the top halves:
   _mm256_mask_storeu_epi16(p, m, _mm512_maskz_cvtepi32_epi16(0xFFFF, top));
 }
 
+// The lanes of a step of n <= 16 windows: the windows, and the 2n elements of each input row
+// they cover, in two 16-lane halves.
+struct Lanes2x2 {
+  __mmask16 windows, lo, hi;
+};
+
+inline Lanes2x2 lanes_2x2(int64_t n) {
+  return {n == 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1),
+          n >= 8 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (2 * n)) - 1),
+          n > 8 ? static_cast<__mmask16>((1u << (2 * n - 16)) - 1) : static_cast<__mmask16>(0)};
+}
+
 template <typename T>
 AVX512 inline Windows2x2 load_2x2(const T* top, int64_t W, int64_t n) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  const __mmask16 lo = n >= 8 ? 0xFFFF : static_cast<__mmask16>((1u << (2 * n)) - 1);
-  const __mmask16 hi = n > 8 ? static_cast<__mmask16>((1u << (2 * n - 16)) - 1) : 0;
+  const Lanes2x2 l = lanes_2x2(n);
   const T* bottom = top + W;
-  const __m512 t_lo = load16(top, lo), t_hi = load16(top + 16, hi);
-  const __m512 b_lo = load16(bottom, lo), b_hi = load16(bottom + 16, hi);
+  const __m512 t_lo = load16(top, l.lo), t_hi = load16(top + 16, l.hi);
+  const __m512 b_lo = load16(bottom, l.lo), b_hi = load16(bottom + 16, l.hi);
   return {_mm512_permutex2var_ps(t_lo, even, t_hi), _mm512_permutex2var_ps(t_lo, odd, t_hi),
-          _mm512_permutex2var_ps(b_lo, even, b_hi), _mm512_permutex2var_ps(b_lo, odd, b_hi),
-          n == 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1)};
+          _mm512_permutex2var_ps(b_lo, even, b_hi), _mm512_permutex2var_ps(b_lo, odd, b_hi), l.windows};
 }
 
 // The arg-max: four compares and three blends per 16 windows, without a branch.
@@ -161,15 +171,12 @@ AVX512 bool scatter_2x2_avx512(const T* g, const O* offsets, T* out, int64_t OW,
   const __m512i second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
   for (int64_t r = r0; r < r1; ++r)
     for (int64_t ow = 0; ow < OW; ow += 16) {
-      const int64_t n = std::min<int64_t>(16, OW - ow);
-      const __mmask16 windows = n == 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+      const auto [windows, lo, hi] = lanes_2x2(std::min<int64_t>(16, OW - ow));
       const Picks2x2 p = picks_2x2(offsets + r * OW + ow, windows, W);
       if (!p.valid) return false;
       const __m512 y = _mm512_maskz_add_ps(0xFFFF, load16(g + r * OW + ow, windows), _mm512_setzero_ps());
       const __m512 v0 = _mm512_maskz_mov_ps(p.at0, y), v1 = _mm512_maskz_mov_ps(p.at1, y),
                    v2 = _mm512_maskz_mov_ps(p.at2, y), v3 = _mm512_maskz_mov_ps(p.at3, y);
-      const __mmask16 lo = n >= 8 ? 0xFFFF : static_cast<__mmask16>((1u << (2 * n)) - 1);
-      const __mmask16 hi = n > 8 ? static_cast<__mmask16>((1u << (2 * n - 16)) - 1) : 0;
       T* top = out + r * 2 * W + 2 * ow;
       T* bottom = top + W;
       store16(top, lo, _mm512_permutex2var_ps(v0, first, v1));

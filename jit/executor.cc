@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "core/flags.h"
@@ -230,12 +231,14 @@ PendingGraph collect_compressed(const std::vector<NodePtr>& targets, memory::Com
 struct Recomputed {
   int values = 0;
   int64_t bytes = 0, elements = 0, flops = 0;
+  std::unordered_map<const Node*, const Node*> copied_from;  // each copy made and the node it copies
 };
 void note_recomputed(const memory::RecomputeRewrite& rewrite, size_t values, Recomputed& sum) {
   sum.values += static_cast<int>(values);
   sum.bytes += rewrite.dropped_bytes;
   sum.elements += rewrite.copied_elements;
   sum.flops += rewrite.copied_flops;
+  sum.copied_from.insert(rewrite.copied_from.begin(), rewrite.copied_from.end());
 }
 
 // KILN_RECOMPUTE's choices by graph key (made for the mode that is named).
@@ -361,6 +364,7 @@ int64_t fit_memory_budget(const std::vector<NodePtr>& targets, PendingGraph& gra
   if (dropped.empty()) return budget;
   note_recomputed(memory::apply_recompute(graph.nodes, dropped, checkpoints, chain_per_value), dropped.size(),
                    recomputed);
+  stats().graphs_rewired++;
   graph = collect_pending(targets);
   return budget;
 }
@@ -383,7 +387,84 @@ void recompute_cheap_activations(const std::vector<NodePtr>& targets, PendingGra
   }
   const bool rewired = !dropped.empty();
   if (!flags().plan_cache) g_cheap_choices.erase(graph.key);  // decide again next time
-  if (rewired) graph = collect_pending(targets);
+  if (!rewired) return;
+  stats().graphs_rewired++;
+  graph = collect_pending(targets);
+}
+
+// Replays of graphs that the recomputation passes rewire (KILN_MEMORY_BUDGET, KILN_RECOMPUTE),
+// by rewire_key of the graph as collected: the rewired graph's plan, its positions mapped back
+// onto the graph as collected (plan_for_collected), so a replay runs it without rewiring the
+// graph again (the passes' analysis and a second collect cost ~6% of the MLP's step). Null for
+// a graph the passes leave as it is: its replays go straight to g_plans.
+std::unordered_map<std::string, std::unique_ptr<Plan>> g_rewired_plans;
+
+// Whether the recomputation passes may rewire a graph under the current flags.
+bool passes_may_rewire() { return flags().recompute != "off" || !flags().memory_budget.empty(); }
+
+// What decides the passes' result for `graph`: its key (structure only), the flags they read, and
+// the marks of each node they read (gradient tracking, leaves, recorded by a gradient rule,
+// copies, held by a user, checkpoint segments).
+std::string rewire_key(const PendingGraph& graph) {
+  std::string key = graph.key;
+  for (const std::string* text : {&flags().recompute, &flags().memory_budget, &flags().offload}) {
+    key += *text;
+    key += '\0';
+  }
+  key += flags().memory_budget_strict ? '1' : '0';
+  const size_t at = key.size();
+  key.resize(at + graph.nodes.size());
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    const Node& n = *graph.nodes[i];
+    key[at + i] = static_cast<char>(n.requires_grad | n.grad_leaf << 1 | n.backward << 2 | n.recompute << 3 |
+                                    n.saved_copy << 4 | (n.held > 0) << 5 | (n.segment != nullptr) << 6);
+  }
+  return key;
+}
+
+// A graph as collect_pending numbered it, before the passes rewired it. Addresses only: owning
+// references would count as readers of a parameter and keep its update from running in place.
+struct Collected {
+  std::string key;
+  std::vector<const Node*> nodes, externals;
+  explicit Collected(const PendingGraph& graph) : key(graph.key) {
+    for (const NodePtr& n : graph.nodes) nodes.push_back(n.get());
+    for (const NodePtr& e : graph.externals) externals.push_back(e.get());
+  }
+};
+
+// `plan` of `rewired` (what the passes made of `collected`) with its node and external positions
+// mapped onto `collected`: a recomputed copy to the node it copies (same scalar, same random seed
+// and offset), which its kernels compute again from what they read. Externals are the same
+// values in another order. Null when a position has no counterpart (not expected).
+std::unique_ptr<Plan> plan_for_collected(const Plan& plan, const Collected& collected, const PendingGraph& rewired,
+                                         const Recomputed& recomputed) {
+  std::unordered_map<const Node*, int> node_at, external_at;
+  for (size_t i = 0; i < collected.nodes.size(); ++i) node_at.emplace(collected.nodes[i], static_cast<int>(i));
+  for (size_t e = 0; e < collected.externals.size(); ++e) external_at.emplace(collected.externals[e], static_cast<int>(e));
+  std::vector<int> node_map(rewired.nodes.size(), -1), external_map(rewired.externals.size(), -1);
+  for (size_t i = 0; i < rewired.nodes.size(); ++i) {
+    const Node* n = rewired.nodes[i].get();
+    if (auto copied = recomputed.copied_from.find(n); copied != recomputed.copied_from.end()) n = copied->second;
+    auto at = node_at.find(n);
+    if (at == node_at.end()) return nullptr;
+    node_map[i] = at->second;
+  }
+  for (size_t e = 0; e < rewired.externals.size(); ++e) {
+    auto at = external_at.find(rewired.externals[e].get());
+    if (at == external_at.end()) return nullptr;
+    external_map[e] = at->second;
+  }
+  auto replay = std::make_unique<Plan>(plan);
+  Program& s = replay->program;
+  for (PlanSlot& slot : s.slots) {
+    if (slot.node >= 0) slot.node = node_map[slot.node];
+    if (slot.external >= 0) slot.external = external_map[slot.external];
+  }
+  for (int& n : s.scalar_nodes) n = node_map[n];
+  for (int& n : s.rand_nodes) n = node_map[n];
+  for (PlanAlias& alias : s.aliases) alias.node = node_map[alias.node];
+  return replay;
 }
 
 void run_plan(const Plan& plan, const PendingGraph& graph) {
@@ -519,23 +600,37 @@ void realize_once(const std::vector<NodePtr>& targets) {
   for (const NodePtr& n : graph.nodes)
     KILN_CHECK(n->device == device, op_name(n->op), "{} on {} depends on pending work on {}; move tensors with .to() "
                "before combining them", shape_str(n->shape), n->device.str(), device.str());
-  Recomputed recomputed;
-  bool cheap = true;  // KILN_RECOMPUTE's choice, as without a budget
-  const int64_t budget = flags().memory_budget.empty() ? -1 : fit_memory_budget(targets, graph, recomputed, cheap);
-  if (cheap) recompute_cheap_activations(targets, graph, &recomputed, true);
   // The key encodes every node's device: the same graph on another device is another plan.
   Plan* plan = nullptr;
   std::unique_ptr<Plan> uncached;
   bool hit = false;
-  if (flags().plan_cache) {
-    auto it = g_plans.find(graph.key);
-    if (it != g_plans.end()) {
-      plan = it->second.get();
-      hit = true;
-      stats().plan_cache_hits++;
+  // A replay the recomputation passes rewired before runs the rewired plan on the graph as it is.
+  std::string rewired_key;
+  if (flags().plan_cache && passes_may_rewire()) {
+    rewired_key = rewire_key(graph);
+    if (auto it = g_rewired_plans.find(rewired_key); it != g_rewired_plans.end()) {
+      if (it->second) {
+        plan = it->second.get();
+      } else if (auto left = g_plans.find(graph.key); left != g_plans.end()) {
+        plan = left->second.get();
+      }
     }
   }
+  Recomputed recomputed;
+  int64_t budget = -1;
+  std::optional<Collected> collected;  // the graph before the passes, when they run and a replay may follow
   if (!plan) {
+    if (!rewired_key.empty()) collected.emplace(graph);
+    bool cheap = true;  // KILN_RECOMPUTE's choice, as without a budget
+    if (!flags().memory_budget.empty()) budget = fit_memory_budget(targets, graph, recomputed, cheap);
+    if (cheap) recompute_cheap_activations(targets, graph, &recomputed, true);
+    if (flags().plan_cache)
+      if (auto it = g_plans.find(graph.key); it != g_plans.end()) plan = it->second.get();
+  }
+  if (plan) {
+    hit = true;
+    stats().plan_cache_hits++;
+  } else {
     uncached = make_plan(graph, lower(graph, schedule(graph)), device, budget);
     uncached->info->compressed_values = compression.values;
     uncached->info->compressed_from = compression.full_bytes;
@@ -559,6 +654,11 @@ void realize_once(const std::vector<NodePtr>& targets) {
     for (const Kernel& k : plan->program.kernels) fmt::print(stderr, "[kiln]   {:<10} {}\n", k.name, k.summary);
   memory::note_plan_run(plan->info);
   run_plan(*plan, graph);
+  if (collected) {
+    if (collected->key == graph.key) g_rewired_plans.emplace(std::move(rewired_key), nullptr);
+    else if (auto replay = plan_for_collected(*plan, *collected, graph, recomputed))
+      g_rewired_plans.emplace(std::move(rewired_key), std::move(replay));
+  }
   if (uncached && flags().plan_cache) g_plans.emplace(graph.key, std::move(uncached));
 }
 
@@ -599,6 +699,7 @@ memory::PlanLayout last_plan_memory() {
 void clear_plan_cache() {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_plans.clear();
+  g_rewired_plans.clear();
   g_recompute_choices.clear();
   g_cheap_choices.clear();
 }

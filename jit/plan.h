@@ -41,7 +41,9 @@ struct Plan {
   std::vector<std::pair<int, int>> updates;
   int last_fallible = -1;  // the last kernel that may report a bad index; -1 when none can
   std::shared_ptr<memory::PlanLayout> info = std::make_shared<memory::PlanLayout>();
-  std::unique_ptr<CompiledKernels> kernels;  // the backend's; null until compiled, or when all are library calls
+  // The backend's; null until compiled, or when all are library calls. Shared with the plan's
+  // copy that replays a rewired graph on the graph as collected (jit/executor.cc).
+  std::shared_ptr<CompiledKernels> kernels;
 };
 
 // Plans `program` (lowered from `graph`) for `device`; the kernels are not compiled yet.

@@ -15,7 +15,7 @@
 namespace kiln::jit {
 
 // The compilers count compiles and cache hits; the executor counts kernels_run, plan_cache_hits,
-// plans_built and the collectives: those started, and the kernels run while one was in flight
+// plans_built, graphs_rewired and the collectives: those started, and the kernels run while one was in flight
 // (the overlap of communication with computation).
 struct JitStats {
   int64_t kernels_run = 0;
@@ -29,6 +29,9 @@ struct JitStats {
   int64_t cache_write_failures = 0;
   int64_t plan_cache_hits = 0;
   int64_t plans_built = 0;
+  // Graphs the recomputation passes rewired (KILN_RECOMPUTE, KILN_MEMORY_BUDGET): a realize does
+  // it for the first run of a graph; its replays run the rewired plan on the graph as collected.
+  int64_t graphs_rewired = 0;
   double compile_seconds = 0;
   int64_t collectives_started = 0;
   int64_t kernels_during_collectives = 0;

@@ -289,6 +289,7 @@ RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::v
       }
       copy[i] = recompute_copy(*nodes[i], std::move(inputs));
       rewrite.copies++;
+      rewrite.copied_from.emplace_back(copy[i].get(), nodes[i].get());
       if (op_kind(nodes[i]->op) != OpKind::Movement) {
         rewrite.copied_elements += nodes[i]->numel();
         rewrite.copied_flops += node_flops(*nodes[i]);

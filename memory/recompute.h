@@ -17,6 +17,7 @@
 #include <functional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -94,6 +95,7 @@ struct RecomputeRewrite {
   int64_t copied_elements = 0;   // elements the copies compute, one per op (views not counted)
   int64_t copied_flops = 0;      // their work (node_flops)
   int64_t copies = 0;            // nodes made, views included
+  std::vector<std::pair<const Node*, const Node*>> copied_from;  // each copy and the node it copies
   void undo();
 };
 

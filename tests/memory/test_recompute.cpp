@@ -87,7 +87,8 @@ struct StepResult {
 // One SGD step (forward, grad, assign, sync) from a fresh model and seed. With keep_grads the
 // gradients are outputs of the plan too (so they can be compared); without, the step is a plain
 // training step whose gradients live only inside the plan's arena.
-StepResult train(int every, bool keep_grads, int steps = 1, uint64_t seed = 11) {
+// With decaying_lr, step s learns at kLr / (s + 1): the same graph with another scalar.
+StepResult train(int every, bool keep_grads, int steps = 1, uint64_t seed = 11, bool decaying_lr = false) {
   manual_seed(seed);
   Mlp m = make_mlp();
   Data d = make_data();
@@ -98,7 +99,8 @@ StepResult train(int every, bool keep_grads, int steps = 1, uint64_t seed = 11) 
     std::vector<Tensor> grads = grad(loss, params);
     {
       NoGradGuard no_grad;
-      for (size_t i = 0; i < params.size(); ++i) params[i].assign(params[i] - kLr * grads[i]);
+      const double lr = decaying_lr ? kLr / (s + 1) : kLr;
+      for (size_t i = 0; i < params.size(); ++i) params[i].assign(params[i] - lr * grads[i]);
     }
     std::vector<Tensor> outputs = params;
     outputs.push_back(loss);
@@ -174,6 +176,38 @@ TEST_CASE("recompute: repeated checkpointed steps replay their plan and stay ide
   StepResult checkpointed = train(4, false, 3);
   if (flags().plan_cache) CHECK(jit::stats().plan_cache_hits - hits >= 2);
   require_identical(plain, checkpointed);
+}
+
+TEST_CASE("recompute: a rewired step is rewired once; its replays run that plan on the graph as collected",
+          "[recompute]") {
+  // Each step's learning rate and dropout seeds differ: the replays must read them from the graph
+  // as collected, a recomputed dropout's seed from the node its copy was made of.
+  StepResult plain;
+  {
+    FlagsGuard guard;
+    flags().recompute = "off";
+    plain = train(0, false, 4, 11, true);
+  }
+  for (const char* budget : {"", "0.5"}) {
+    INFO("KILN_MEMORY_BUDGET=" << budget);
+    FlagsGuard guard;
+    flags().recompute = "elementwise";
+    flags().memory_budget = budget;
+    jit::clear_plan_cache();  // (an earlier test in this process may have run the same graph)
+    const jit::JitStats before = jit::stats();
+    StepResult rewired = train(0, false, 4, 11, true);
+    require_identical(plain, rewired);
+    CHECK(rewired.plan.recomputed_values > 0);
+    if (!flags().plan_cache) continue;
+    // The four steps are one graph: rewired and planned once, replayed three times.
+    CHECK(jit::stats().graphs_rewired - before.graphs_rewired == 1);
+    CHECK(jit::stats().plan_cache_hits - before.plan_cache_hits >= 3);
+  }
+  // Under the debugging poison too: the replayed plan's dead buffers are the rewired plan's.
+  FlagsGuard guard;
+  flags().recompute = "elementwise";
+  flags().debug_memory = true;
+  require_identical(plain, train(0, false, 4, 11, true));
 }
 
 TEST_CASE("recompute: the single-tensor checkpoint matches no checkpoint, reductions inside", "[recompute]") {

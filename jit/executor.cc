@@ -396,17 +396,20 @@ void recompute_cheap_activations(const std::vector<NodePtr>& targets, PendingGra
 // by rewire_key of the graph as collected: the rewired graph's plan, its positions mapped back
 // onto the graph as collected (plan_for_collected), so a replay runs it without rewiring the
 // graph again (the passes' analysis and a second collect cost ~6% of the MLP's step). Null for
-// a graph the passes leave as it is: its replays go straight to g_plans.
-std::unordered_map<std::string, std::unique_ptr<Plan>> g_rewired_plans;
+// a graph the passes leave as it is: its replays go straight to g_plans. A copy shares its base
+// plan's compiled kernels, which refer to the base's kernel list: the base stays in g_plans while
+// the copy lives (cleared together, copies first; never destroyed, like g_plans).
+std::unordered_map<std::string, std::unique_ptr<Plan>>& g_rewired_plans =
+    *new std::unordered_map<std::string, std::unique_ptr<Plan>>;
 
 // Whether the recomputation passes may rewire a graph under the current flags.
 bool passes_may_rewire() { return flags().recompute != "off" || !flags().memory_budget.empty(); }
 
 // What decides the passes' result for `graph`: its key (structure only), the flags they read, and
 // the marks of each node they read (gradient tracking, leaves, recorded by a gradient rule,
-// copies, held by a user, checkpoint segments).
+// copies, held by a user, checkpoint segments, an assign's old value still alive).
 std::string rewire_key(const PendingGraph& graph) {
-  std::string key = graph.key;
+  std::string key = std::to_string(graph.key.size()) + ':' + graph.key;
   for (const std::string* text : {&flags().recompute, &flags().memory_budget, &flags().offload}) {
     key += *text;
     key += '\0';
@@ -417,7 +420,8 @@ std::string rewire_key(const PendingGraph& graph) {
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     const Node& n = *graph.nodes[i];
     key[at + i] = static_cast<char>(n.requires_grad | n.grad_leaf << 1 | n.backward << 2 | n.recompute << 3 |
-                                    n.saved_copy << 4 | (n.held > 0) << 5 | (n.segment != nullptr) << 6);
+                                    n.saved_copy << 4 | (n.held > 0) << 5 | (n.segment != nullptr) << 6 |
+                                    !n.replaces.expired() << 7);
   }
   return key;
 }
@@ -658,6 +662,9 @@ void realize_once(const std::vector<NodePtr>& targets) {
     if (collected->key == graph.key) g_rewired_plans.emplace(std::move(rewired_key), nullptr);
     else if (auto replay = plan_for_collected(*plan, *collected, graph, recomputed))
       g_rewired_plans.emplace(std::move(rewired_key), std::move(replay));
+    else if (flags().log >= 1)
+      fmt::print(stderr, "[kiln] a rewired graph's plan has no counterpart in the graph as collected: its replays "
+                 "rewire it again\n");
   }
   if (uncached && flags().plan_cache) g_plans.emplace(graph.key, std::move(uncached));
 }
@@ -698,8 +705,8 @@ memory::PlanLayout last_plan_memory() {
 
 void clear_plan_cache() {
   std::lock_guard<std::mutex> lock(g_mutex);
+  g_rewired_plans.clear();  // first: its copies share the kernels of plans in g_plans
   g_plans.clear();
-  g_rewired_plans.clear();
   g_recompute_choices.clear();
   g_cheap_choices.clear();
 }

@@ -29,8 +29,9 @@ struct JitStats {
   int64_t cache_write_failures = 0;
   int64_t plan_cache_hits = 0;
   int64_t plans_built = 0;
-  // Graphs the recomputation passes rewired (KILN_RECOMPUTE, KILN_MEMORY_BUDGET): a realize does
-  // it for the first run of a graph; its replays run the rewired plan on the graph as collected.
+  // Graphs the recomputation passes rewired (KILN_RECOMPUTE, KILN_MEMORY_BUDGET), by realize (the
+  // first run of a graph: its replays run the rewired plan on the graph as collected) and by the
+  // executor's lower_for / schedule_for.
   int64_t graphs_rewired = 0;
   double compile_seconds = 0;
   int64_t collectives_started = 0;

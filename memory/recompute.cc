@@ -288,7 +288,6 @@ RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::v
         inputs.push_back(p >= 0 && needs_copy[p] ? copy[p] : in);
       }
       copy[i] = recompute_copy(*nodes[i], std::move(inputs));
-      rewrite.copies++;
       rewrite.copied_from.emplace_back(copy[i].get(), nodes[i].get());
       if (op_kind(nodes[i]->op) != OpKind::Movement) {
         rewrite.copied_elements += nodes[i]->numel();
@@ -354,7 +353,8 @@ RecomputeChoice choose_recompute(const std::vector<NodePtr>& nodes, int64_t budg
     RecomputeRewrite rewrite = apply_recompute(nodes, choice.dropped, choice.checkpoints, chain_per_value);
     // (Chains per value copy a stretch once per value in it: beyond a few copies per node,
     // planning the graph costs seconds; such a choice is left out.)
-    const bool within_bound = rewrite.copies <= kMaxCopiesPerNode * static_cast<int64_t>(nodes.size());
+    const bool within_bound =
+        static_cast<int64_t>(rewrite.copied_from.size()) <= kMaxCopiesPerNode * static_cast<int64_t>(nodes.size());
     if (bound_only || !within_bound) {
       rewrite.undo();
       return within_bound;

@@ -94,8 +94,7 @@ struct RecomputeRewrite {
   int64_t dropped_bytes = 0;     // the dropped values' bytes
   int64_t copied_elements = 0;   // elements the copies compute, one per op (views not counted)
   int64_t copied_flops = 0;      // their work (node_flops)
-  int64_t copies = 0;            // nodes made, views included
-  std::vector<std::pair<const Node*, const Node*>> copied_from;  // each copy and the node it copies
+  std::vector<std::pair<const Node*, const Node*>> copied_from;  // each copy made (views included) and the node it copies
   void undo();
 };
 

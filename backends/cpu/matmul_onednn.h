@@ -23,6 +23,7 @@ bool onednn_supports_matmul(DType t);
 //   a: (batch, M, K) at element strides a_strides = {batch, row, col}; batch stride 0 broadcasts
 //   b: (batch, K, N) at element strides b_strides = {batch, row, col}
 //   c: (batch, M, N) contiguous, same dtype as a and b
+// bfloat16 products run kiln's own AMX kernel instead where the CPU has one (backends/cpu/amx_matmul.h).
 // Layouts oneDNN only handles with its slow reference kernel (no unit stride in a matrix,
 // negative strides, interleaved batches) are copied to contiguous buffers first.
 // Throws kiln::Error for unsupported dtypes, negative sizes, or a oneDNN failure.

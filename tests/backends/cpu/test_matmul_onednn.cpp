@@ -13,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "backends/cpu/amx_matmul.h"
 #include "backends/cpu/matmul_onednn.h"
 #include "tests/backends/matmul_layouts.h"
 
@@ -224,4 +225,52 @@ TEST_CASE("onednn matmul: rows of a product are the whole product's rows", "[ops
         for (size_t i = 0; i < whole.size(); ++i) bad += !(std::abs(whole[i] - parts[i]) <= 1e-5f);  // NaN too
         CHECK(bad == 0);
       }
+}
+
+// kiln's AMX kernel (backends/cpu/amx_matmul.h) takes bfloat16 products of 32 or more rows, columns
+// and K where the CPU has AMX: its packing of each layout (the transposing paths need whole 16 x 32
+// tiles, the others take the edges), against float64, and its row blocks against the whole.
+TEST_CASE("onednn matmul: bfloat16 products on kiln's AMX kernel", "[ops][matmul][onednn][amx]") {
+  if (!kiln::cpu::amx_matmul_available()) {
+    WARN("this CPU has no AMX-BF16; kiln's AMX kernel is not used and not tested here");
+    return;
+  }
+  const Layout layouts[] = {Layout::RowMajor, Layout::Transposed, Layout::Padded, Layout::Strided, Layout::Reversed};
+  for (Layout la : layouts)
+    for (Layout lb : layouts) {
+      check({DType::BFloat16, 2, 33, 65, 47, la, lb}, kBFloat16Tol);
+      check({DType::BFloat16, 1, 64, 96, 64, la, lb}, kBFloat16Tol);
+    }
+  check({DType::BFloat16, 1, 128, 784, 512, Layout::RowMajor, Layout::Transposed}, kBFloat16Tol);
+  check({DType::BFloat16, 1, 512, 128, 784, Layout::Transposed, Layout::RowMajor}, kBFloat16Tol);
+  check({DType::BFloat16, 1, 600, 40, 33}, kBFloat16Tol);  // more rows than one packed chunk of A
+  for (bool a_bc : {false, true})
+    for (bool b_bc : {false, true}) {
+      check({DType::BFloat16, 3, 40, 64, 36, Layout::Transposed, Layout::RowMajor, a_bc, b_bc}, kBFloat16Tol);
+      check({DType::BFloat16, 3, 40, 64, 36, Layout::Repeated, Layout::Transposed, a_bc, b_bc}, kBFloat16Tol);
+    }
+
+  // Blocks of rows have the whole product's bits, and oneDNN's AMX kernels sum in the same order.
+  for (Layout la : {Layout::Transposed, Layout::RowMajor})
+    for (Layout lb : {Layout::RowMajor, Layout::Transposed}) {
+      const MatmulCase cs{DType::BFloat16, 1, 200, 784, 96, la, lb};
+      INFO(describe(cs));
+      std::mt19937 rng(11);
+      const Operand a = make_operand(cs.dtype, 1, cs.M, cs.K, la, false, rng);
+      const Operand b = make_operand(cs.dtype, 1, cs.K, cs.N, lb, false, rng);
+      const size_t count = static_cast<size_t>(cs.M * cs.N);
+      std::vector<uint16_t> whole(count), parts(count, 0x7fc0), library(count);
+      kiln::cpu::onednn_matmul(cs.dtype, a.data(), a.strides, b.data(), b.strides, whole.data(), 1, cs.M, cs.K, cs.N);
+      for (int64_t row = 0; row < cs.M; row += 48)
+        kiln::cpu::onednn_matmul_rows(cs.dtype, a.data(), a.strides, b.data(), b.strides, parts.data() + row * cs.N,
+                                      cs.M, cs.K, cs.N, row, std::min<int64_t>(48, cs.M - row));
+      CHECK(parts == whole);
+      const bool was = kiln::cpu::amx_matmul_enable(false);
+      kiln::cpu::onednn_matmul(cs.dtype, a.data(), a.strides, b.data(), b.strides, library.data(), 1, cs.M, cs.K,
+                               cs.N);
+      kiln::cpu::amx_matmul_enable(was);
+      int64_t apart = 0;  // more than one unit in the last place
+      for (size_t i = 0; i < count; ++i) apart += std::abs(int(whole[i]) - int(library[i])) > 1;
+      CHECK(apart == 0);
+    }
 }

@@ -1,0 +1,322 @@
+// AMX bfloat16 matmul: A packed into 16 x 32 tiles, B into 32-column panels of k-pairs (the
+// tile unit's VNNI layout), 2 x 2 tiles of C summed over K in the tile registers.
+#include "backends/cpu/amx_matmul.h"
+
+#include <cpuid.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <vector>
+
+#include "core/error.h"
+
+// GCC 12's AVX-512 shuffle intrinsics start from _mm512_undefined_epi32(), which its
+// -Wmaybe-uninitialized reports at every inlined use.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace kiln::cpu {
+
+namespace {
+
+constexpr int64_t kTileRows = 16;
+constexpr int64_t kTileK = 32;    // bfloat16 elements in a tile row of 64 bytes
+constexpr int64_t kBlockM = 32;   // rows of C per block: two tiles
+constexpr int64_t kPanelN = 32;   // columns of C per panel: two tiles
+constexpr int64_t kChunkM = 512;  // rows of A packed at once, which bounds each thread's scratch
+
+int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+// The tile unit's state is switched on per process (Linux 5.16+): ask once.
+bool cpu_grants_amx() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  const bool amx_bf16 = (edx >> 22) & 1, amx_tile = (edx >> 24) & 1;
+  if (!amx_bf16 || !amx_tile) return false;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !((ecx >> 27) & 1)) return false;  // OSXSAVE
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if (((xcr0_lo >> 17) & 3) != 3) return false;  // XTILECFG and XTILEDATA enabled by the OS
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+std::atomic<bool> g_enabled{true};
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Scratch aligned to cache lines, so that no tile row straddles two.
+template <typename T>
+struct Aligned {
+  std::vector<T> storage;
+  T* get(size_t count) {
+    const size_t pad = 64 / sizeof(T);
+    if (storage.size() < count + pad) storage.resize(count + pad);
+    auto address = reinterpret_cast<uintptr_t>(storage.data());
+    return reinterpret_cast<T*>((address + 63) & ~uintptr_t{63});
+  }
+};
+
+// 16 rows of 16 dwords -> their transpose, in place (three shuffle stages).
+__attribute__((target("avx512f"))) inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  __m512i u[16];  // u[4g + j], lane L: rows 4g..4g+3 of column 4L + j
+  for (int g = 0; g < 4; ++g) {
+    u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512i v01 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44), w01 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44);
+    const __m512i v23 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xEE), w23 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xEE);
+    r[j] = _mm512_shuffle_i32x4(v01, w01, 0x88);
+    r[4 + j] = _mm512_shuffle_i32x4(v01, w01, 0xDD);
+    r[8 + j] = _mm512_shuffle_i32x4(v23, w23, 0x88);
+    r[12 + j] = _mm512_shuffle_i32x4(v23, w23, 0xDD);
+  }
+}
+
+// Two rows of 32 bfloat16 -> their elements alternating, as 32 dwords (first, then second 16).
+__attribute__((target("avx512f,avx512bw"))) inline void interleave_pairs(__m512i x0, __m512i x1, __m512i& lo,
+                                                                       __m512i& hi) {
+  alignas(64) static const uint16_t kLo[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                               8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  alignas(64) static const uint16_t kHi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                               24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  lo = _mm512_permutex2var_epi16(x0, _mm512_load_si512(kLo), x1);
+  hi = _mm512_permutex2var_epi16(x0, _mm512_load_si512(kHi), x1);
+}
+
+// Rows [0, rows) of A (a at its row 0; element (i, k) at a[i*rs + k*cs]) as tiles of 16 rows x 32
+// k: out[(tile_row * Kp/32 + k/32) * 512 + (i % 16) * 32 + k % 32], zero past rows and K.
+__attribute__((target("avx512f,avx512bw"))) void pack_a(const uint16_t* a, int64_t rs, int64_t cs, int64_t rows,
+                                                         int64_t K, int64_t Kp, uint16_t* out) {
+  const int64_t kt = Kp / kTileK, tile_rows = round_up(rows, kBlockM) / kTileRows;
+  for (int64_t tb = 0; tb < tile_rows; ++tb)
+    for (int64_t kb = 0; kb < kt; ++kb) {
+      uint16_t* tile = out + (tb * kt + kb) * kTileRows * kTileK;
+      const int64_t i0 = tb * kTileRows, k0 = kb * kTileK;
+      const int64_t ni = std::clamp<int64_t>(rows - i0, 0, kTileRows), nk = std::min(kTileK, K - k0);
+      if (ni == kTileRows && nk == kTileK && rs == 1) {  // column-major: transpose k-pairs
+        __m512i r[16];
+        for (int kp = 0; kp < 16; ++kp) {
+          const __m512i x0 = _mm512_zextsi256_si512(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i0 + (k0 + 2 * kp) * cs)));
+          const __m512i x1 = _mm512_zextsi256_si512(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i0 + (k0 + 2 * kp + 1) * cs)));
+          __m512i hi;
+          interleave_pairs(x0, x1, r[kp], hi);
+        }
+        transpose16(r);
+        for (int m = 0; m < 16; ++m) _mm512_store_si512(tile + m * kTileK, r[m]);
+      } else if (cs == 1) {  // row-major: a masked load per tile row, zero past K and rows
+        const __mmask32 mask = nk >= kTileK ? ~__mmask32{0} : (__mmask32{1} << nk) - 1;
+        for (int64_t m = 0; m < kTileRows; ++m)
+          _mm512_store_si512(tile + m * kTileK,
+                             m < ni ? _mm512_maskz_loadu_epi16(mask, a + (i0 + m) * rs + k0) : _mm512_setzero_si512());
+      } else {
+        for (int64_t m = 0; m < kTileRows; ++m)
+          for (int64_t k = 0; k < kTileK; ++k)
+            tile[m * kTileK + k] = m < ni && k < nk ? a[(i0 + m) * rs + (k0 + k) * cs] : uint16_t{0};
+      }
+    }
+}
+
+// Columns [0, nn) of B (b at its column 0; element (k, n) at b[k*rs + n*cs]) as a 32-column panel
+// of k-pairs: out[kp * 32 + n] holds B[2kp][n] in its low half and B[2kp+1][n] in its high half,
+// zero past nn and K.
+__attribute__((target("avx512f,avx512bw"))) void pack_b(const uint16_t* b, int64_t rs, int64_t cs, int64_t nn,
+                                                         int64_t K, int64_t Kp, uint32_t* out) {
+  if (cs == 1) {  // row-major: interleave each pair of rows
+    const __mmask32 mask = nn >= 32 ? ~__mmask32{0} : (__mmask32{1} << nn) - 1;
+    for (int64_t kp = 0; kp < Kp / 2; ++kp) {
+      const int64_t k = 2 * kp;
+      const __m512i x0 = k < K ? _mm512_maskz_loadu_epi16(mask, b + k * rs) : _mm512_setzero_si512();
+      const __m512i x1 = k + 1 < K ? _mm512_maskz_loadu_epi16(mask, b + (k + 1) * rs) : _mm512_setzero_si512();
+      __m512i lo, hi;
+      interleave_pairs(x0, x1, lo, hi);
+      _mm512_store_si512(out + kp * kPanelN, lo);
+      _mm512_store_si512(out + kp * kPanelN + 16, hi);
+    }
+    return;
+  }
+  for (int64_t kb = 0; kb < Kp / kTileK; ++kb) {
+    const int64_t k0 = kb * kTileK;
+    if (rs == 1 && nn == kPanelN && k0 + kTileK <= K) {  // column-major: k-pairs are dwords; transpose
+      for (int h = 0; h < 2; ++h) {
+        __m512i r[16];
+        for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_si512(b + (16 * h + j) * cs + k0);
+        transpose16(r);
+        for (int kp = 0; kp < 16; ++kp) _mm512_store_si512(out + (k0 / 2 + kp) * kPanelN + 16 * h, r[kp]);
+      }
+      continue;
+    }
+    for (int64_t kp = 0; kp < 16; ++kp)
+      for (int64_t n = 0; n < kPanelN; ++n) {
+        const int64_t k = k0 + 2 * kp;
+        const uint32_t lo = n < nn && k < K ? b[k * rs + n * cs] : 0;
+        const uint32_t hi = n < nn && k + 1 < K ? b[(k + 1) * rs + n * cs] : 0;
+        out[(k0 / 2 + kp) * kPanelN + n] = lo | hi << 16;
+      }
+  }
+}
+
+// Rows [0, rows) x columns [0, cols) of a 32 x 32 float block -> bfloat16, rounded to nearest even
+// as core/dtype.cc and the generated kernels round (a NaN stays a quiet NaN).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void store_block(const float* block, int64_t rows, int64_t cols,
+                                                                       uint16_t* c, int64_t ldc) {
+  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i quiet = _mm512_set1_epi32(0x400000);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; j += 16) {
+      const __m512i u = _mm512_loadu_si512(block + i * kPanelN + j);
+      __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+      const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+      r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, quiet));
+      const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+      const int64_t left = std::min<int64_t>(16, cols - j);
+      _mm256_mask_storeu_epi16(c + i * ldc + j, static_cast<__mmask16>((1u << left) - 1), h);
+    }
+}
+
+// One 32-row block of A's tiles against one panel: C's 32 x 32 block summed in tiles 0-3.
+__attribute__((target("amx-tile,amx-bf16"))) void multiply_block(const uint16_t* a_tiles, const uint32_t* panel,
+                                                                  int64_t kt, float* block) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const uint16_t* a1 = a_tiles + kt * kTileRows * kTileK;  // the block's second 16 rows
+  for (int64_t kb = 0; kb < kt; ++kb) {
+    _tile_loadd(4, a_tiles + kb * kTileRows * kTileK, 64);
+    _tile_loadd(5, a1 + kb * kTileRows * kTileK, 64);
+    _tile_loadd(6, panel + kb * 16 * kPanelN, kPanelN * 4);
+    _tile_loadd(7, panel + kb * 16 * kPanelN + 16, kPanelN * 4);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, block, kPanelN * 4);
+  _tile_stored(1, block + 16, kPanelN * 4);
+  _tile_stored(2, block + 16 * kPanelN, kPanelN * 4);
+  _tile_stored(3, block + 16 * kPanelN + 16, kPanelN * 4);
+}
+
+// Tiles 0-3 hold C, 4-5 A, 6-7 B: all 16 rows of 64 bytes. In static storage: GCC 12 does not see
+// that ldtilecfg reads its operand and dropped a local config's stores.
+constexpr TileConfig all_tiles_full() {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) config.rows[t] = kTileRows, config.bytes_per_row[t] = 64;
+  return config;
+}
+constexpr TileConfig kTileConfig = all_tiles_full();
+
+__attribute__((target("amx-tile"))) void configure_tiles() { _tile_loadconfig(&kTileConfig); }
+__attribute__((target("amx-tile"))) void release_tiles() { _tile_release(); }
+
+struct Work {
+  const uint16_t *a, *b;
+  uint16_t* c;
+  int64_t as[3], bs[3];
+  int64_t batch, M, K, N, Kp, panels;
+};
+
+// One thread's share: panels [p0, p1) and rows [r0, r1) of every batch.
+void run_share(const Work& w, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
+  thread_local Aligned<uint16_t> a_scratch;
+  thread_local Aligned<uint32_t> b_scratch;
+  thread_local Aligned<float> c_scratch;
+  const int64_t kt = w.Kp / kTileK;
+  uint32_t* panel = b_scratch.get(static_cast<size_t>(w.Kp / 2 * kPanelN));
+  float* block = c_scratch.get(kBlockM * kPanelN);
+  configure_tiles();
+  for (int64_t n = 0; n < w.batch; ++n) {
+    const uint16_t* a = w.a + n * w.as[0];
+    const uint16_t* b = w.b + n * w.bs[0];
+    uint16_t* c = w.c + n * w.M * w.N;
+    for (int64_t chunk = r0; chunk < r1; chunk += kChunkM) {
+      const int64_t rows = std::min(kChunkM, r1 - chunk);
+      uint16_t* a_tiles = a_scratch.get(static_cast<size_t>(round_up(rows, kBlockM) * w.Kp));
+      pack_a(a + chunk * w.as[1], w.as[1], w.as[2], rows, w.K, w.Kp, a_tiles);
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t n0 = p * kPanelN, nn = std::min(kPanelN, w.N - n0);
+        pack_b(b + n0 * w.bs[2], w.bs[1], w.bs[2], nn, w.K, w.Kp, panel);
+        for (int64_t m0 = 0; m0 < rows; m0 += kBlockM) {
+          multiply_block(a_tiles + (m0 / kTileRows) * kt * kTileRows * kTileK, panel, kt, block);
+          store_block(block, std::min(kBlockM, rows - m0), nn, c + (chunk + m0) * w.N + n0, w.N);
+        }
+      }
+    }
+  }
+  release_tiles();
+}
+
+}  // namespace
+
+bool amx_matmul_available() {
+  static const bool granted = cpu_grants_amx();
+  return granted && g_enabled.load(std::memory_order_relaxed);
+}
+
+bool amx_matmul_enable(bool on) { return g_enabled.exchange(on); }
+
+void amx_matmul(const void* a, const int64_t a_strides[3], const void* b, const int64_t b_strides[3], void* c,
+                int64_t batch, int64_t M, int64_t K, int64_t N) {
+  KILN_CHECK(amx_matmul_available(), "matmul", "the AMX kernel ran on a CPU without AMX-BF16 (check amx_matmul_available)");
+  KILN_CHECK(batch >= 0 && M >= 0 && K >= 0 && N >= 0, "matmul", "negative size: batch {}, M {}, K {}, N {}", batch, M,
+             K, N);
+  if (batch == 0 || M == 0 || N == 0) return;
+  if (K == 0) {
+    std::memset(c, 0, static_cast<size_t>(batch * M * N) * 2);
+    return;
+  }
+  Work w{static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), static_cast<uint16_t*>(c),
+         {a_strides[0], a_strides[1], a_strides[2]}, {b_strides[0], b_strides[1], b_strides[2]},
+         batch, M, K, N, round_up(K, kTileK), (N + kPanelN - 1) / kPanelN};
+  const int64_t blocks = (M + kBlockM - 1) / kBlockM;
+  // Below ~1 MFLOP waking the team costs more than the work (as backends/cpu/onednn_runtime.h).
+  const double flops = 2.0 * static_cast<double>(batch) * M * N * K;
+  const int threads = flops < double(1 << 20) ? 1 : static_cast<int>(std::min<int64_t>(omp_get_max_threads(),
+                                                                                       std::max(w.panels, blocks)));
+  if (threads <= 1) {
+    run_share(w, 0, w.panels, 0, M);
+    return;
+  }
+  std::exception_ptr failure;
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    try {
+      // Split the panels where there are enough (each thread packs all of A, the smaller operand of a
+      // layer's products); else blocks of rows (each packs all of B, a panel or two).
+      if (w.panels >= nt)
+        run_share(w, w.panels * t / nt, w.panels * (t + 1) / nt, 0, M);
+      else
+        run_share(w, 0, w.panels, std::min(M, blocks * t / nt * kBlockM), std::min(M, blocks * (t + 1) / nt * kBlockM));
+    } catch (...) {
+#pragma omp critical(kiln_amx_failure)
+      failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
+}  // namespace kiln::cpu

@@ -16,9 +16,6 @@
 
 #include "core/error.h"
 
-// GCC 12's AVX-512 shuffle intrinsics start from _mm512_undefined_epi32(), which its
-// -Wmaybe-uninitialized reports at every inlined use.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace kiln::cpu {
 
@@ -37,11 +34,15 @@ bool cpu_grants_amx() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
   const bool amx_bf16 = (edx >> 22) & 1, amx_tile = (edx >> 24) & 1;
-  if (!amx_bf16 || !amx_tile) return false;
+  // The packing and rounding around the tiles are AVX-512 F, BW, VL.
+  const bool avx512 = (ebx >> 16) & 1 && (ebx >> 30) & 1 && (ebx >> 31) & 1;
+  if (!amx_bf16 || !amx_tile || !avx512) return false;
+  if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) || !((eax >> 5) & 1)) return false;  // AVX512-BF16
   if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !((ecx >> 27) & 1)) return false;  // OSXSAVE
   unsigned xcr0_lo = 0, xcr0_hi = 0;
   __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
   if (((xcr0_lo >> 17) & 3) != 3) return false;  // XTILECFG and XTILEDATA enabled by the OS
+  if ((xcr0_lo & 0xe6) != 0xe6) return false;     // and the vector state: SSE, AVX, opmask, ZMM
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
@@ -68,6 +69,11 @@ struct Aligned {
   }
 };
 
+// GCC 12's AVX-512 shuffle intrinsics start from _mm512_undefined_epi32(), which its
+// -Wmaybe-uninitialized reports where the helpers below are inlined: in the packing functions.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 // 16 rows of 16 dwords -> their transpose, in place (three shuffle stages).
 __attribute__((target("avx512f"))) inline void transpose16(__m512i r[16]) {
   __m512i t[16];
@@ -92,15 +98,14 @@ __attribute__((target("avx512f"))) inline void transpose16(__m512i r[16]) {
   }
 }
 
-// Two rows of 32 bfloat16 -> their elements alternating, as 32 dwords (first, then second 16).
-__attribute__((target("avx512f,avx512bw"))) inline void interleave_pairs(__m512i x0, __m512i x1, __m512i& lo,
-                                                                       __m512i& hi) {
-  alignas(64) static const uint16_t kLo[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
-                                               8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-  alignas(64) static const uint16_t kHi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
-                                               24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
-  lo = _mm512_permutex2var_epi16(x0, _mm512_load_si512(kLo), x1);
-  hi = _mm512_permutex2var_epi16(x0, _mm512_load_si512(kHi), x1);
+// Two rows of 32 bfloat16 -> their elements alternating, as dwords: kFirstPairs picks columns
+// 0-15 of both rows, kLastPairs 16-31 (an index's bit 5 selects the second row).
+alignas(64) constexpr uint16_t kFirstPairs[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                                  8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+alignas(64) constexpr uint16_t kLastPairs[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                                 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+__attribute__((target("avx512f,avx512bw"))) inline __m512i pairs(__m512i x0, __m512i x1, const uint16_t* table) {
+  return _mm512_permutex2var_epi16(x0, _mm512_load_si512(table), x1);
 }
 
 // Rows [0, rows) of A (a at its row 0; element (i, k) at a[i*rs + k*cs]) as tiles of 16 rows x 32
@@ -120,8 +125,7 @@ __attribute__((target("avx512f,avx512bw"))) void pack_a(const uint16_t* a, int64
               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i0 + (k0 + 2 * kp) * cs)));
           const __m512i x1 = _mm512_zextsi256_si512(
               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i0 + (k0 + 2 * kp + 1) * cs)));
-          __m512i hi;
-          interleave_pairs(x0, x1, r[kp], hi);
+          r[kp] = pairs(x0, x1, kFirstPairs);
         }
         transpose16(r);
         for (int m = 0; m < 16; ++m) _mm512_store_si512(tile + m * kTileK, r[m]);
@@ -149,19 +153,18 @@ __attribute__((target("avx512f,avx512bw"))) void pack_b(const uint16_t* b, int64
       const int64_t k = 2 * kp;
       const __m512i x0 = k < K ? _mm512_maskz_loadu_epi16(mask, b + k * rs) : _mm512_setzero_si512();
       const __m512i x1 = k + 1 < K ? _mm512_maskz_loadu_epi16(mask, b + (k + 1) * rs) : _mm512_setzero_si512();
-      __m512i lo, hi;
-      interleave_pairs(x0, x1, lo, hi);
-      _mm512_store_si512(out + kp * kPanelN, lo);
-      _mm512_store_si512(out + kp * kPanelN + 16, hi);
+      _mm512_store_si512(out + kp * kPanelN, pairs(x0, x1, kFirstPairs));
+      _mm512_store_si512(out + kp * kPanelN + 16, pairs(x0, x1, kLastPairs));
     }
     return;
   }
   for (int64_t kb = 0; kb < Kp / kTileK; ++kb) {
     const int64_t k0 = kb * kTileK;
-    if (rs == 1 && nn == kPanelN && k0 + kTileK <= K) {  // column-major: k-pairs are dwords; transpose
+    if (rs == 1 && k0 + kTileK <= K) {  // column-major: k-pairs are dwords; transpose
       for (int h = 0; h < 2; ++h) {
         __m512i r[16];
-        for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_si512(b + (16 * h + j) * cs + k0);
+        for (int j = 0; j < 16; ++j)
+          r[j] = 16 * h + j < nn ? _mm512_loadu_si512(b + (16 * h + j) * cs + k0) : _mm512_setzero_si512();
         transpose16(r);
         for (int kp = 0; kp < 16; ++kp) _mm512_store_si512(out + (k0 / 2 + kp) * kPanelN + 16 * h, r[kp]);
       }
@@ -177,23 +180,18 @@ __attribute__((target("avx512f,avx512bw"))) void pack_b(const uint16_t* b, int64
   }
 }
 
-// Rows [0, rows) x columns [0, cols) of a 32 x 32 float block -> bfloat16, rounded to nearest even
-// as core/dtype.cc and the generated kernels round (a NaN stays a quiet NaN).
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void store_block(const float* block, int64_t rows, int64_t cols,
-                                                                       uint16_t* c, int64_t ldc) {
-  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-  const __m512i quiet = _mm512_set1_epi32(0x400000);
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; j += 16) {
-      const __m512i u = _mm512_loadu_si512(block + i * kPanelN + j);
-      __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
-      const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
-      r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, quiet));
-      const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-      const int64_t left = std::min<int64_t>(16, cols - j);
-      _mm256_mask_storeu_epi16(c + i * ldc + j, static_cast<__mmask16>((1u << left) - 1), h);
-    }
+#pragma GCC diagnostic pop
+
+// Rows [0, rows) x columns [0, cols) of a 32 x 32 float block -> bfloat16 by vcvtne2ps2bf16:
+// nearest even, a NaN made quiet, as core/dtype.cc rounds. (The instruction reads denormals as
+// zero where the software rounding keeps them, but the tile unit has flushed every denormal sum.)
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void store_block(const float* block, int64_t rows,
+                                                                         int64_t cols, uint16_t* c, int64_t ldc) {
+  const __mmask32 mask = cols >= 32 ? ~__mmask32{0} : (__mmask32{1} << cols) - 1;
+  for (int64_t i = 0; i < rows; ++i) {
+    const __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_load_ps(block + i * kPanelN + 16), _mm512_load_ps(block + i * kPanelN));
+    _mm512_mask_storeu_epi16(c + i * ldc, mask, reinterpret_cast<const __m512i&>(pair));
+  }
 }
 
 // One 32-row block of A's tiles against one panel: C's 32 x 32 block summed in tiles 0-3.
@@ -232,6 +230,14 @@ constexpr TileConfig kTileConfig = all_tiles_full();
 __attribute__((target("amx-tile"))) void configure_tiles() { _tile_loadconfig(&kTileConfig); }
 __attribute__((target("amx-tile"))) void release_tiles() { _tile_release(); }
 
+// The thread's tiles configured for the scope, released however it is left.
+struct TileScope {
+  TileScope() { configure_tiles(); }
+  ~TileScope() { release_tiles(); }
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+};
+
 struct Work {
   const uint16_t *a, *b;
   uint16_t* c;
@@ -247,7 +253,7 @@ void run_share(const Work& w, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
   const int64_t kt = w.Kp / kTileK;
   uint32_t* panel = b_scratch.get(static_cast<size_t>(w.Kp / 2 * kPanelN));
   float* block = c_scratch.get(kBlockM * kPanelN);
-  configure_tiles();
+  TileScope tiles;
   for (int64_t n = 0; n < w.batch; ++n) {
     const uint16_t* a = w.a + n * w.as[0];
     const uint16_t* b = w.b + n * w.bs[0];
@@ -266,21 +272,22 @@ void run_share(const Work& w, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
       }
     }
   }
-  release_tiles();
+}
+
+bool amx_granted() {
+  static const bool granted = cpu_grants_amx();
+  return granted;
 }
 
 }  // namespace
 
-bool amx_matmul_available() {
-  static const bool granted = cpu_grants_amx();
-  return granted && g_enabled.load(std::memory_order_relaxed);
-}
+bool amx_matmul_available() { return amx_granted() && g_enabled.load(std::memory_order_relaxed); }
 
 bool amx_matmul_enable(bool on) { return g_enabled.exchange(on); }
 
 void amx_matmul(const void* a, const int64_t a_strides[3], const void* b, const int64_t b_strides[3], void* c,
                 int64_t batch, int64_t M, int64_t K, int64_t N) {
-  KILN_CHECK(amx_matmul_available(), "matmul", "the AMX kernel ran on a CPU without AMX-BF16 (check amx_matmul_available)");
+  KILN_CHECK(amx_granted(), "matmul", "the AMX kernel ran on a CPU without AMX-BF16 (check amx_matmul_available)");
   KILN_CHECK(batch >= 0 && M >= 0 && K >= 0 && N >= 0, "matmul", "negative size: batch {}, M {}, K {}, N {}", batch, M,
              K, N);
   if (batch == 0 || M == 0 || N == 0) return;

@@ -1,8 +1,8 @@
 // bfloat16 matmul on Intel's AMX tile unit: kiln's own kernel, run where the CPU has AMX-BF16 in
 // place of oneDNN 2.6's, which reached about half the tile unit's rate at a training step's shapes.
 //
-//   if (kiln::cpu::amx_matmul_available())
-//     kiln::cpu::amx_matmul(a, a_strides, b, b_strides, c, batch, M, K, N);  // same contract as onednn_matmul
+//   if (kiln::cpu::amx_matmul_available())  // bfloat16 a, b and c; strides as onednn_matmul's
+//     kiln::cpu::amx_matmul(a, a_strides, b, b_strides, c, batch, M, K, N);
 #pragma once
 #include <cstdint>
 

@@ -208,30 +208,8 @@ bool onednn_supports_matmul(DType t) {
   return bf16;
 }
 
-namespace {
-
-// kiln's AMX kernel (backends/cpu/amx_matmul.h) takes a bfloat16 product where the CPU has AMX
-// and every side spans at least two tiles; the last layer's products of 10 columns or rows (its
-// 32-wide blocks three-quarters zeros) stay with oneDNN. Decided on the whole product's rows, so
-// each block of rows (onednn_matmul_rows) takes the routine, hence the bits, of the whole.
-bool amx_takes(DType t, int64_t whole_M, int64_t K, int64_t N) {
-  return t == DType::BFloat16 && whole_M >= 32 && K >= 32 && N >= 32 && amx_matmul_available();
-}
-
-void matmul(DType t, const void* a, const int64_t a_strides[3], const void* b, const int64_t b_strides[3], void* c,
-            int64_t batch, int64_t M, int64_t K, int64_t N, int64_t whole_M);
-
-}  // namespace
-
 void onednn_matmul(DType t, const void* a, const int64_t a_strides[3], const void* b,
             const int64_t b_strides[3], void* c, int64_t batch, int64_t M, int64_t K, int64_t N) {
-  matmul(t, a, a_strides, b, b_strides, c, batch, M, K, N, M);
-}
-
-namespace {
-
-void matmul(DType t, const void* a, const int64_t a_strides[3], const void* b, const int64_t b_strides[3], void* c,
-            int64_t batch, int64_t M, int64_t K, int64_t N, int64_t whole_M) {
   KILN_CHECK(t == DType::Float32 || t == DType::BFloat16, "matmul",
              "oneDNN matmul takes float32 or bfloat16, got {}; check cpu::onednn_supports_matmul first",
              dtype_name(t));
@@ -244,7 +222,9 @@ void matmul(DType t, const void* a, const int64_t a_strides[3], const void* b, c
     std::memset(c, 0, static_cast<size_t>(batch) * c_matrix_bytes);
     return;
   }
-  if (amx_takes(t, whole_M, K, N)) {
+  // Every bfloat16 product, whatever its size, so that a block of rows (onednn_matmul_rows) takes
+  // the routine, hence the bits, of the whole product.
+  if (t == DType::BFloat16 && amx_matmul_available()) {
     amx_matmul(a, a_strides, b, b_strides, c, batch, M, K, N);
     return;
   }
@@ -288,8 +268,6 @@ void matmul(DType t, const void* a, const int64_t a_strides[3], const void* b, c
     for (int64_t n = 1; n < batch; ++n) std::memcpy(out + n * c_matrix_bytes, out, c_matrix_bytes);
   }
 }
-
-}  // namespace
 
 // int8 ---------------------------------------------------------------------------------------
 
@@ -422,7 +400,7 @@ void onednn_matmul_rows(DType t, const void* a, const int64_t a_strides[3], cons
       transposed_sgemm(t, normalize(1, rows, K, a_strides), normalize(1, K, N, b_strides), 1, rows, K, N, a_rows, b,
                        c, M))
     return;
-  matmul(t, a_rows, a_strides, b, b_strides, c, 1, rows, K, N, M);
+  onednn_matmul(t, a_rows, a_strides, b, b_strides, c, 1, rows, K, N);
 }
 
 void onednn_matmul_k_part(const float* a, int64_t lda, const float* b_rows, int64_t ldb, float* c, int64_t M,

@@ -25,7 +25,8 @@ constexpr int64_t kTileRows = 16;
 constexpr int64_t kTileK = 32;    // bfloat16 elements in a tile row of 64 bytes
 constexpr int64_t kBlockM = 32;   // rows of C per block: two tiles
 constexpr int64_t kPanelN = 32;   // columns of C per panel: two tiles
-constexpr int64_t kChunkM = 512;  // rows of A packed at once, which bounds each thread's scratch
+constexpr int64_t kChunkBytes = int64_t{2} << 20;  // A packed at most this much at once: a thread's scratch
+constexpr int64_t kGroupBytes = int64_t{1} << 20;  // and B's panels
 
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
@@ -194,17 +195,30 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void store_block(const fl
   }
 }
 
-// One 32-row block of A's tiles against one panel: C's 32 x 32 block summed in tiles 0-3.
-__attribute__((target("amx-tile,amx-bf16"))) void multiply_block(const uint16_t* a_tiles, const uint32_t* panel,
-                                                                  int64_t kt, float* block) {
+// Where one 32-row block of A's tiles is: its k-tiles [0, full) at top/bottom + kb * step (rows
+// `stride` bytes apart: packed tiles, or A's own rows read in place), the rest (one K tail at most)
+// at tail_top/tail_bottom, packed.
+struct BlockA {
+  const uint16_t *top, *bottom;
+  int64_t stride, step, full;
+  const uint16_t *tail_top, *tail_bottom;
+};
+
+// A block against one panel: C's 32 x 32 block summed in tiles 0-3.
+__attribute__((target("amx-tile,amx-bf16"))) void multiply_block(const BlockA& a, const uint32_t* panel, int64_t kt,
+                                                                  float* block) {
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  const uint16_t* a1 = a_tiles + kt * kTileRows * kTileK;  // the block's second 16 rows
   for (int64_t kb = 0; kb < kt; ++kb) {
-    _tile_loadd(4, a_tiles + kb * kTileRows * kTileK, 64);
-    _tile_loadd(5, a1 + kb * kTileRows * kTileK, 64);
+    if (kb < a.full) {
+      _tile_loadd(4, a.top + kb * a.step, a.stride);
+      _tile_loadd(5, a.bottom + kb * a.step, a.stride);
+    } else {
+      _tile_loadd(4, a.tail_top, kTileK * 2);
+      _tile_loadd(5, a.tail_bottom, kTileK * 2);
+    }
     _tile_loadd(6, panel + kb * 16 * kPanelN, kPanelN * 4);
     _tile_loadd(7, panel + kb * 16 * kPanelN + 16, kPanelN * 4);
     _tile_dpbf16ps(0, 4, 6);
@@ -247,27 +261,64 @@ struct Work {
 
 // One thread's share: panels [p0, p1) and rows [r0, r1) of every batch.
 void run_share(const Work& w, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
-  thread_local Aligned<uint16_t> a_scratch;
+  thread_local Aligned<uint16_t> a_scratch, tail_scratch;
   thread_local Aligned<uint32_t> b_scratch;
   thread_local Aligned<float> c_scratch;
-  const int64_t kt = w.Kp / kTileK;
-  uint32_t* panel = b_scratch.get(static_cast<size_t>(w.Kp / 2 * kPanelN));
+  const int64_t kt = w.Kp / kTileK, tile = kTileRows * kTileK;
+  const int64_t panel_size = w.Kp / 2 * kPanelN;  // dwords
+  const int64_t group = std::max<int64_t>(1, kGroupBytes / (panel_size * 4));
+  uint32_t* panels = b_scratch.get(static_cast<size_t>(std::min(group, p1 - p0) * panel_size));
   float* block = c_scratch.get(kBlockM * kPanelN);
+  // Whole 32-row blocks of a row-major A are read in place, all but a K tail; packing them would
+  // only copy them.
+  const int64_t rs = w.as[1], cs = w.as[2];
+  const bool in_place = cs == 1 && rs >= w.K;
+  const int64_t k_full = w.K / kTileK;
   TileScope tiles;
   for (int64_t n = 0; n < w.batch; ++n) {
     const uint16_t* a = w.a + n * w.as[0];
     const uint16_t* b = w.b + n * w.bs[0];
     uint16_t* c = w.c + n * w.M * w.N;
-    for (int64_t chunk = r0; chunk < r1; chunk += kChunkM) {
-      const int64_t rows = std::min(kChunkM, r1 - chunk);
-      uint16_t* a_tiles = a_scratch.get(static_cast<size_t>(round_up(rows, kBlockM) * w.Kp));
-      pack_a(a + chunk * w.as[1], w.as[1], w.as[2], rows, w.K, w.Kp, a_tiles);
-      for (int64_t p = p0; p < p1; ++p) {
-        const int64_t n0 = p * kPanelN, nn = std::min(kPanelN, w.N - n0);
-        pack_b(b + n0 * w.bs[2], w.bs[1], w.bs[2], nn, w.K, w.Kp, panel);
+    const int64_t chunk_rows = std::max(kBlockM, kChunkBytes / (w.Kp * 2) / kBlockM * kBlockM);
+    for (int64_t chunk = r0; chunk < r1; chunk += chunk_rows) {
+      const int64_t rows = std::min(chunk_rows, r1 - chunk);
+      const int64_t read_rows = in_place ? rows / kBlockM * kBlockM : 0;
+      const uint16_t* tail = nullptr;
+      if (read_rows > 0 && k_full < kt) {
+        uint16_t* packed = tail_scratch.get(static_cast<size_t>(read_rows * kTileK));
+        pack_a(a + chunk * rs + k_full * kTileK, rs, cs, read_rows, w.K - k_full * kTileK, kTileK, packed);
+        tail = packed;
+      }
+      uint16_t* a_tiles = nullptr;
+      if (read_rows < rows) {
+        a_tiles = a_scratch.get(static_cast<size_t>(round_up(rows - read_rows, kBlockM) * w.Kp));
+        pack_a(a + (chunk + read_rows) * rs, rs, cs, rows - read_rows, w.K, w.Kp, a_tiles);
+      }
+      // Panels packed a group at a time, then each block of rows against all of them: C written a
+      // row block at a time, the block's A tiles reused from L1.
+      for (int64_t g0 = p0; g0 < p1; g0 += group) {
+        const int64_t g1 = std::min(p1, g0 + group);
+        for (int64_t p = g0; p < g1; ++p) {
+          const int64_t n0 = p * kPanelN;
+          pack_b(b + n0 * w.bs[2], w.bs[1], w.bs[2], std::min(kPanelN, w.N - n0), w.K, w.Kp, panels + (p - g0) * panel_size);
+        }
         for (int64_t m0 = 0; m0 < rows; m0 += kBlockM) {
-          multiply_block(a_tiles + (m0 / kTileRows) * kt * kTileRows * kTileK, panel, kt, block);
-          store_block(block, std::min(kBlockM, rows - m0), nn, c + (chunk + m0) * w.N + n0, w.N);
+          BlockA block_a;
+          if (m0 < read_rows) {
+            const uint16_t* top = a + (chunk + m0) * rs;
+            const int64_t t = m0 / kTileRows;
+            block_a = {top, top + kTileRows * rs, rs * 2, kTileK, k_full,
+                       tail ? tail + t * tile : nullptr, tail ? tail + (t + 1) * tile : nullptr};
+          } else {
+            const uint16_t* top = a_tiles + (m0 - read_rows) / kTileRows * kt * tile;
+            block_a = {top, top + kt * tile, kTileK * 2, tile, kt, nullptr, nullptr};
+          }
+          for (int64_t p = g0; p < g1; ++p) {
+            const int64_t n0 = p * kPanelN;
+            multiply_block(block_a, panels + (p - g0) * panel_size, kt, block);
+            store_block(block, std::min(kBlockM, rows - m0), std::min(kPanelN, w.N - n0), c + (chunk + m0) * w.N + n0,
+                        w.N);
+          }
         }
       }
     }
@@ -312,9 +363,10 @@ void amx_matmul(const void* a, const int64_t a_strides[3], const void* b, const 
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     try {
-      // Split the panels where there are enough (each thread packs all of A, the smaller operand of a
-      // layer's products); else blocks of rows (each packs all of B, a panel or two).
-      if (w.panels >= nt)
+      // Each thread packs the whole of the operand it does not split: split the panels of B where A
+      // is the smaller (a layer's products on a batch of 128: M <= N) and there are enough of them,
+      // else blocks of rows (a projection of 2048 tokens to 128 or 512 features: M > N).
+      if (w.panels >= nt && (M <= N || blocks < nt))
         run_share(w, w.panels * t / nt, w.panels * (t + 1) / nt, 0, M);
       else
         run_share(w, 0, w.panels, std::min(M, blocks * t / nt * kBlockM), std::min(M, blocks * (t + 1) / nt * kBlockM));

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
-
+#include "backends/cpu/onednn_runtime.h"
 
 namespace kiln::cpu {
 
@@ -274,12 +274,12 @@ void run_share(const Work& w, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
   const int64_t rs = w.as[1], cs = w.as[2];
   const bool in_place = cs == 1 && rs >= w.K;
   const int64_t k_full = w.K / kTileK;
+  const int64_t chunk_rows = std::max(kBlockM, kChunkBytes / (w.Kp * 2) / kBlockM * kBlockM);
   TileScope tiles;
   for (int64_t n = 0; n < w.batch; ++n) {
     const uint16_t* a = w.a + n * w.as[0];
     const uint16_t* b = w.b + n * w.bs[0];
     uint16_t* c = w.c + n * w.M * w.N;
-    const int64_t chunk_rows = std::max(kBlockM, kChunkBytes / (w.Kp * 2) / kBlockM * kBlockM);
     for (int64_t chunk = r0; chunk < r1; chunk += chunk_rows) {
       const int64_t rows = std::min(chunk_rows, r1 - chunk);
       const int64_t read_rows = in_place ? rows / kBlockM * kBlockM : 0;
@@ -295,7 +295,7 @@ void run_share(const Work& w, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
         pack_a(a + (chunk + read_rows) * rs, rs, cs, rows - read_rows, w.K, w.Kp, a_tiles);
       }
       // Panels packed a group at a time, then each block of rows against all of them: C written a
-      // row block at a time, the block's A tiles reused from L1.
+      // row block at a time, the block's A tiles reused while still in cache.
       for (int64_t g0 = p0; g0 < p1; g0 += group) {
         const int64_t g1 = std::min(p1, g0 + group);
         for (int64_t p = g0; p < g1; ++p) {
@@ -350,9 +350,9 @@ void amx_matmul(const void* a, const int64_t a_strides[3], const void* b, const 
          {a_strides[0], a_strides[1], a_strides[2]}, {b_strides[0], b_strides[1], b_strides[2]},
          batch, M, K, N, round_up(K, kTileK), (N + kPanelN - 1) / kPanelN};
   const int64_t blocks = (M + kBlockM - 1) / kBlockM;
-  // Below ~1 MFLOP waking the team costs more than the work (as backends/cpu/onednn_runtime.h).
+  // Small work runs on one thread, as oneDNN's calls do (backends/cpu/onednn_runtime.h).
   const double flops = 2.0 * static_cast<double>(batch) * M * N * K;
-  const int threads = flops < double(1 << 20) ? 1 : static_cast<int>(std::min<int64_t>(omp_get_max_threads(),
+  const int threads = flops < kOneThreadFlops ? 1 : static_cast<int>(std::min<int64_t>(omp_get_max_threads(),
                                                                                        std::max(w.panels, blocks)));
   if (threads <= 1) {
     run_share(w, 0, w.panels, 0, M);

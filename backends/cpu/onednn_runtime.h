@@ -41,9 +41,12 @@ template <class MakePd> bool onednn_has_native_kernel(MakePd make_pd) {
 // Below ~1 MFLOP (2 per multiply-add) a primitive is faster on one thread than waking (or, on a
 // busy machine, waiting for) the OpenMP team, as the JIT's kernels do. (Above it, both threads:
 // the MLP's last layer, 128 x 512 x 10 = 1.3 MFLOP, took 23-26 us on one and 14-18 on two.)
+inline constexpr double kOneThreadFlops = double(1 << 20);
+
+// Runs the calls of its scope on one thread when their work is below kOneThreadFlops.
 class SmallWorkOnOneThread {
  public:
-  explicit SmallWorkOnOneThread(double flops) : saved_(flops < double(1 << 20) ? omp_get_max_threads() : 0) {
+  explicit SmallWorkOnOneThread(double flops) : saved_(flops < kOneThreadFlops ? omp_get_max_threads() : 0) {
     if (saved_ > 0) omp_set_num_threads(1);
   }
   ~SmallWorkOnOneThread() {

@@ -195,6 +195,22 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void store_block(const fl
   }
 }
 
+// Rows [0, rows) x columns [0, cols) of C's block fetched for writing (every CPU with AMX has
+// PREFETCHW): a thread that writes only part of each row (the panel split) stores its blocks at
+// C's row pitch, which the hardware's prefetchers do not follow. Fetched while the block's tiles
+// run, its stores no longer wait for the lines: a 512 x 128 x 784 weight gradient 117 -> 76 us.
+// (An asm statement: GCC judged a function of _m_prefetchw calls free of effects and dropped its
+// call.)
+void prefetch_block(uint16_t* c, int64_t rows, int64_t cols, int64_t ldc) {
+  const auto fetch = [](const uint16_t* line) { __asm__ volatile("prefetchw %0" : : "m"(*line)); };
+  for (int64_t i = 0; i < rows; ++i) {
+    const uint16_t* row = c + i * ldc;
+    fetch(row);
+    // (A row of the block may straddle two lines.)
+    if ((reinterpret_cast<uintptr_t>(row) & 63) + static_cast<uintptr_t>(cols) * 2 > 64) fetch(row + cols - 1);
+  }
+}
+
 // Where one 32-row block of A's tiles is: its k-tiles [0, full) at top/bottom + kb * step (rows
 // `stride` bytes apart: packed tiles, or A's own rows read in place), the rest (one K tail at most)
 // at tail_top/tail_bottom, packed.
@@ -269,10 +285,14 @@ void run_share(const Work& w, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
   const int64_t group = std::max<int64_t>(1, kGroupBytes / (panel_size * 4));
   uint32_t* panels = b_scratch.get(static_cast<size_t>(std::min(group, p1 - p0) * panel_size));
   float* block = c_scratch.get(kBlockM * kPanelN);
-  // Whole 32-row blocks of a row-major A are read in place, all but a K tail; packing them would
-  // only copy them.
+  // Whole 32-row blocks of a row-major A are read in place, all but a K tail, where its rows are
+  // pitch is short (at most 256 bytes: a tile's rows are then dense in memory) or few panels read each
+  // block. Otherwise packing pays: 16 rows at a long pitch either straddle cache lines (784
+  // elements) or fall into a few L1 sets (512), and every panel loads them again; packed, the MLP's
+  // 128 x 784 x 512 forward took 94 -> 80 us, its 128 x 512 x 784 data gradient 86 -> 71.
   const int64_t rs = w.as[1], cs = w.as[2];
-  const bool in_place = cs == 1 && rs >= w.K;
+  const bool in_place = cs == 1 && rs >= w.K && (rs * 2 <= 256 || p1 - p0 < 8);
+  const bool partial_rows = p0 > 0 || p1 < w.panels;
   const int64_t k_full = w.K / kTileK;
   const int64_t chunk_rows = std::max(kBlockM, kChunkBytes / (w.Kp * 2) / kBlockM * kBlockM);
   TileScope tiles;
@@ -315,6 +335,8 @@ void run_share(const Work& w, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
           }
           for (int64_t p = g0; p < g1; ++p) {
             const int64_t n0 = p * kPanelN;
+            if (partial_rows)
+              prefetch_block(c + (chunk + m0) * w.N + n0, std::min(kBlockM, rows - m0), std::min(kPanelN, w.N - n0), w.N);
             multiply_block(block_a, panels + (p - g0) * panel_size, kt, block);
             store_block(block, std::min(kBlockM, rows - m0), std::min(kPanelN, w.N - n0), c + (chunk + m0) * w.N + n0,
                         w.N);

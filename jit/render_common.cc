@@ -54,6 +54,21 @@ bool picks_an_operand(Op op) {
   return op == Op::Max || op == Op::Min || op == Op::Where || op == Op::Neg || op == Op::Abs || op == Op::Sign ||
          op == Op::Floor;
 }
+
+// A half-type product of a value of its type and a bool made a number (0 or 1): the value or a
+// zero, so exact without rounding (a ReLU's backward mask, dropout's keep mask unscaled). NaN
+// and infinity stay such; the hardware's NaN is already quiet, as rounding would make it.
+bool masks_a_value(const Kernel& k, const Expr& e, const std::vector<bool>& exact) {
+  if (e.kind != Expr::Kind::Compute || e.op != Op::Mul || (e.dtype != DType::Float16 && e.dtype != DType::BFloat16))
+    return false;
+  auto zero_or_one = [&](int a) {
+    const Expr& x = k.exprs[static_cast<size_t>(a)];
+    return x.kind == Expr::Kind::Compute && x.op == Op::Cast && k.exprs[static_cast<size_t>(x.args[0])].dtype == DType::Bool;
+  };
+  auto of_type = [&](int a) { return exact[static_cast<size_t>(a)] && k.exprs[static_cast<size_t>(a)].dtype == e.dtype; };
+  const int a = e.args[0], b = e.args[1];
+  return (zero_or_one(a) && of_type(b)) || (zero_or_one(b) && of_type(a));
+}
 }  // namespace
 
 std::vector<bool> exact_values(const Kernel& k) {
@@ -151,7 +166,7 @@ std::string ValueRenderer::expr_text(const Expr& e, const std::string& element) 
         return picks && !exact_[static_cast<size_t>(a)] ? round_to(k_.exprs[a].dtype, v(a)) : v(a);
       };
       std::string r = fmt::format("({})({})", ct, fmt::format(fmt::runtime(pat), arg(0), arg(1), arg(2)));
-      return picks ? r : round_to(e.dtype, r);
+      return picks || masks_a_value(k_, e, exact_) ? r : round_to(e.dtype, r);
     }
   }
   return "";

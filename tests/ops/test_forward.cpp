@@ -593,3 +593,42 @@ TEST_CASE("softmax, log_softmax, layer_norm and losses", "[forward][composite]")
   CHECK(kiln::cross_entropy(t, labels).dim() == 0);
   check_close(kiln::mse_loss(f32({1, 2, 3}), f32({1.5, 2, 1})), {(0.25 + 0 + 4) / 3});
 }
+
+// A half-type value times a bool made a number is the value or a zero: the JIT stores it without
+// rounding (jit/render_common.cc). What may not skip the rounding: a bound scalar (float
+// precision) or a factor that is not 0 or 1.
+TEST_CASE("half-type products with a 0/1 mask: exact without rounding, the rest rounded", "[forward][dtype]") {
+  // (1 + 2^-7 and 1 + 2^-10: every mantissa bit of bfloat16 and float16 in use, so 3x is not exact.)
+  const std::vector<double> values = {1.5,  -2.25, 0.0,  -0.0, 3e38, kInf, -kInf, kNaN, 1e-39,
+                                      0.3,  1.0 + std::ldexp(1.0, -7), -1.0 - std::ldexp(1.0, -10)};
+  const std::vector<bool> keep = {true, false, true, false, true, false, true, false, true, true, true, true};
+  const Tensor mask = kiln::from_vector<bool>(keep, {static_cast<int64_t>(keep.size())});
+  const Tensor bytes = kiln::from_vector<int8_t>(std::vector<int8_t>(keep.size(), 3), {static_cast<int64_t>(keep.size())});
+  for (DType t : {DType::BFloat16, DType::Float16}) {
+    INFO(kiln::dtype_name(t));
+    auto round = [&](double v) {
+      const float f = static_cast<float>(v);
+      return t == DType::BFloat16 ? kiln::bfloat16_to_float(kiln::float_to_bfloat16(f))
+                                  : kiln::half_to_float(kiln::float_to_half(f));
+    };
+    const Tensor x = kiln::cast(f32(values), t);
+    kiln::sync({x});
+    const std::vector<float> xs = x.cast(DType::Float32).to_vector<float>();
+    const Tensor masked = x * kiln::cast(mask, t);
+    const Tensor tripled = x * kiln::cast(bytes, t);                     // not exact: rounded
+    const Tensor scaled = kiln::scalar(0.3, t) * kiln::cast(mask, t);    // a float scalar: rounded
+    const std::vector<float> m = masked.cast(DType::Float32).to_vector<float>();
+    const std::vector<float> p = tripled.cast(DType::Float32).to_vector<float>();
+    const std::vector<float> s = scaled.cast(DType::Float32).to_vector<float>();
+    for (size_t i = 0; i < values.size(); ++i) {
+      INFO("element " << i << ": " << xs[i]);
+      const float want_m = round(static_cast<double>(xs[i]) * (keep[i] ? 1.0 : 0.0));
+      const float want_p = round(static_cast<double>(xs[i]) * 3.0);
+      if (std::isnan(want_m)) CHECK(std::isnan(m[i]));
+      else CHECK((m[i] == want_m && std::signbit(m[i]) == std::signbit(want_m)));
+      if (std::isnan(want_p)) CHECK(std::isnan(p[i]));
+      else CHECK(p[i] == want_p);
+      CHECK(s[i] == (keep[i] ? round(0.3) : 0.0f));
+    }
+  }
+}

@@ -111,22 +111,28 @@ __attribute__((target("avx512f,avx512bw"))) inline __m512i pairs(__m512i x0, __m
 
 // Rows [0, rows) of A (a at its row 0; element (i, k) at a[i*rs + k*cs]) as tiles of 16 rows x 32
 // k: out[(tile_row * Kp/32 + k/32) * 512 + (i % 16) * 32 + k % 32], zero past rows and K.
-__attribute__((target("avx512f,avx512bw"))) void pack_a(const uint16_t* a, int64_t rs, int64_t cs, int64_t rows,
-                                                         int64_t K, int64_t Kp, uint16_t* out) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_a(const uint16_t* a, int64_t rs, int64_t cs,
+                                                                  int64_t rows, int64_t K, int64_t Kp, uint16_t* out) {
   const int64_t kt = Kp / kTileK, tile_rows = round_up(rows, kBlockM) / kTileRows;
   for (int64_t tb = 0; tb < tile_rows; ++tb)
     for (int64_t kb = 0; kb < kt; ++kb) {
       uint16_t* tile = out + (tb * kt + kb) * kTileRows * kTileK;
       const int64_t i0 = tb * kTileRows, k0 = kb * kTileK;
       const int64_t ni = std::clamp<int64_t>(rows - i0, 0, kTileRows), nk = std::min(kTileK, K - k0);
-      if (ni == kTileRows && nk == kTileK && rs == 1) {  // column-major: transpose k-pairs
+      if (ni == 0) {  // the block's padding rows
+        std::memset(tile, 0, kTileRows * kTileK * sizeof(uint16_t));
+      } else if (rs == 1) {  // column-major: transpose k-pairs, masked past rows and K (a last
+                             // layer's 10 rows: a weight gradient's δᵀ)
+        const __mmask16 in_rows = ni >= kTileRows ? __mmask16(0xffff) : __mmask16((1u << ni) - 1);
         __m512i r[16];
         for (int kp = 0; kp < 16; ++kp) {
-          const __m512i x0 = _mm512_zextsi256_si512(
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i0 + (k0 + 2 * kp) * cs)));
-          const __m512i x1 = _mm512_zextsi256_si512(
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i0 + (k0 + 2 * kp + 1) * cs)));
-          r[kp] = pairs(x0, x1, kFirstPairs);
+          __m512i x[2];
+          for (int h = 0; h < 2; ++h) {
+            const int64_t k = k0 + 2 * kp + h;
+            x[h] = k < K ? _mm512_zextsi256_si512(_mm256_maskz_loadu_epi16(in_rows, a + i0 + k * cs))
+                         : _mm512_setzero_si512();
+          }
+          r[kp] = pairs(x[0], x[1], kFirstPairs);
         }
         transpose16(r);
         for (int m = 0; m < 16; ++m) _mm512_store_si512(tile + m * kTileK, r[m]);

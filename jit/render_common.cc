@@ -55,9 +55,11 @@ bool picks_an_operand(Op op) {
          op == Op::Floor;
 }
 
-// A half-type product of a value of its type and a bool made a number (0 or 1): the value or a
-// zero, so exact without rounding (a ReLU's backward mask, dropout's keep mask unscaled). NaN
-// and infinity stay such; the hardware's NaN is already quiet, as rounding would make it.
+// A half-type product of an exact value of its type and a bool made a number (0 or 1): the
+// value or a zero (a ReLU's backward mask), so exact without rounding. Infinity times 0 is a NaN
+// as it is when rounded; a NaN comes out quiet from the multiply, as rounding makes it, so the CPU's
+// stores (which keep an exact value's top bits) and CUDA's (which round) store the same bits. (On
+// CUDA a float32 value made from a NaN product may keep another NaN payload than before.)
 bool masks_a_value(const Kernel& k, const Expr& e, const std::vector<bool>& exact) {
   if (e.kind != Expr::Kind::Compute || e.op != Op::Mul || (e.dtype != DType::Float16 && e.dtype != DType::BFloat16))
     return false;
@@ -78,7 +80,8 @@ std::vector<bool> exact_values(const Kernel& k) {
     const bool half = e.dtype == DType::Float16 || e.dtype == DType::BFloat16;
     if (e.kind == Expr::Kind::Scalar) exact[i] = !half;
     if (e.kind == Expr::Kind::Select) exact[i] = exact[static_cast<size_t>(e.args[0])];
-    // Every other op's result is rounded when an operand may not be exact (expr_text).
+    // Every other op's result is rounded when an operand may not be exact (expr_text), or exact
+    // without it (masks_a_value).
   }
   return exact;
 }
@@ -158,7 +161,8 @@ std::string ValueRenderer::expr_text(const Expr& e, const std::string& element) 
       // chain then gives the bits of the unfused one, and a value recomputed in two kernels (a
       // max and the comparison against it) is the same value in both. An op that returns one of
       // its operands (or its negation) rounds its operands instead, where they are scalars
-      // (loop-invariant: the compiler hoists that), and its result needs nothing more.
+      // (loop-invariant: the compiler hoists that), and its result needs nothing more; nor does a
+      // product with a 0/1 mask (masks_a_value), which is exact already.
       const bool picks = picks_an_operand(e.op);
       auto arg = [&](size_t i) {
         if (i >= e.args.size()) return std::string();

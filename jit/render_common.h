@@ -24,8 +24,9 @@ const char* compute_type(DType t);
 std::string load_value(DType t, const std::string& ref);
 std::string store_value(DType t, const std::string& v);
 // `v` rounded to `t` when t is a half type. Half-type values are rounded wherever they are made
-// (each op's result, an iota, a random number), so that all but bound scalars, which keep float
-// precision as PyTorch's numbers do, are exactly representable in their type.
+// (each op's result, an iota, a random number; not a product with a 0/1 mask, exact as it is), so
+// that all but bound scalars, which keep float precision as PyTorch's numbers do, are exactly
+// representable in their type.
 std::string round_to(DType t, const std::string& v);
 // Per value of `k`: exactly representable in its type (everything but a bound scalar of a half
 // type, and what passes one on unrounded).

@@ -27,6 +27,11 @@ constexpr int64_t kBlockM = 32;   // rows of C per block: two tiles
 constexpr int64_t kPanelN = 32;   // columns of C per panel: two tiles
 constexpr int64_t kChunkBytes = int64_t{2} << 20;  // A packed at most this much at once: a thread's scratch
 constexpr int64_t kGroupBytes = int64_t{1} << 20;  // and B's panels
+// A row-major A is read in place, not packed, where its row pitch is at most this (a block's 32
+// rows then lie in 8 KiB, read in order) or a thread's share has fewer panels than kPackForPanels
+// (each panel loads the block again; packed, the loads are of whole aligned tiles).
+constexpr int64_t kInPlacePitchBytes = 256;
+constexpr int64_t kPackForPanels = 8;
 
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
@@ -291,13 +296,13 @@ void run_share(const Work& w, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
   const int64_t group = std::max<int64_t>(1, kGroupBytes / (panel_size * 4));
   uint32_t* panels = b_scratch.get(static_cast<size_t>(std::min(group, p1 - p0) * panel_size));
   float* block = c_scratch.get(kBlockM * kPanelN);
-  // Whole 32-row blocks of a row-major A are read in place, all but a K tail, where its rows are
-  // pitch is short (at most 256 bytes: a tile's rows are then dense in memory) or few panels read each
-  // block. Otherwise packing pays: 16 rows at a long pitch either straddle cache lines (784
-  // elements) or fall into a few L1 sets (512), and every panel loads them again; packed, the MLP's
-  // 128 x 784 x 512 forward took 94 -> 80 us, its 128 x 512 x 784 data gradient 86 -> 71.
+  // Whole 32-row blocks of a row-major A are read in place, all but a K tail, where the pitch is
+  // short or few panels read each block (kInPlacePitchBytes). Otherwise packing pays: 16 rows at a
+  // long pitch either straddle cache lines (784 elements) or fall into a few L1 sets (512), and
+  // every panel loads them again; packed, the MLP's 128 x 784 x 512 forward took 94 -> 80 us, its
+  // 128 x 512 x 784 data gradient 86 -> 71.
   const int64_t rs = w.as[1], cs = w.as[2];
-  const bool in_place = cs == 1 && rs >= w.K && (rs * 2 <= 256 || p1 - p0 < 8);
+  const bool in_place = cs == 1 && rs >= w.K && (rs * 2 <= kInPlacePitchBytes || p1 - p0 < kPackForPanels);
   const bool partial_rows = p0 > 0 || p1 < w.panels;
   const int64_t k_full = w.K / kTileK;
   const int64_t chunk_rows = std::max(kBlockM, kChunkBytes / (w.Kp * 2) / kBlockM * kBlockM);

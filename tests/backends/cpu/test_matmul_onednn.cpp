@@ -244,6 +244,10 @@ TEST_CASE("onednn matmul: bfloat16 products on kiln's AMX kernel", "[ops][matmul
   check({DType::BFloat16, 1, 128, 784, 512, Layout::RowMajor, Layout::Transposed}, kBFloat16Tol);
   check({DType::BFloat16, 1, 512, 128, 784, Layout::Transposed, Layout::RowMajor}, kBFloat16Tol);
   check({DType::BFloat16, 1, 600, 40, 160}, kBFloat16Tol);  // more rows than one packed chunk of A
+  // Long row-major rows packed (rows split between threads, every share with all 8 panels; K tail
+  // 8), padded too; and a panel split with edge blocks, whose C lines are fetched ahead.
+  for (Layout la : {Layout::RowMajor, Layout::Padded}) check({DType::BFloat16, 1, 600, 136, 256, la}, kBFloat16Tol);
+  check({DType::BFloat16, 1, 70, 200, 2100}, kBFloat16Tol);
   for (bool a_bc : {false, true})
     for (bool b_bc : {false, true}) {
       check({DType::BFloat16, 3, 40, 64, 36, Layout::Transposed, Layout::RowMajor, a_bc, b_bc}, kBFloat16Tol);

@@ -344,13 +344,13 @@ void run_share(const Work& w, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
             const uint16_t* top = a_tiles + (m0 - read_rows) / kTileRows * kt * tile;
             block_a = {top, top + kt * tile, kTileK * 2, tile, kt, nullptr, nullptr};
           }
+          const int64_t block_rows = std::min(kBlockM, rows - m0);
           for (int64_t p = g0; p < g1; ++p) {
-            const int64_t n0 = p * kPanelN;
-            if (partial_rows)
-              prefetch_block(c + (chunk + m0) * w.N + n0, std::min(kBlockM, rows - m0), std::min(kPanelN, w.N - n0), w.N);
+            const int64_t n0 = p * kPanelN, cols = std::min(kPanelN, w.N - n0);
+            uint16_t* c_block = c + (chunk + m0) * w.N + n0;
+            if (partial_rows) prefetch_block(c_block, block_rows, cols, w.N);
             multiply_block(block_a, panels + (p - g0) * panel_size, kt, block);
-            store_block(block, std::min(kBlockM, rows - m0), std::min(kPanelN, w.N - n0), c + (chunk + m0) * w.N + n0,
-                        w.N);
+            store_block(block, block_rows, cols, c_block, w.N);
           }
         }
       }

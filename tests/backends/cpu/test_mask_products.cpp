@@ -9,10 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/render_cpp.h"
 #include "core/dtype.h"
-#include "jit/executor.h"
 #include "tests/support/compare.h"
+#include "tests/support/kernel_source.h"
 
 using namespace kiln;
 using kiln::testing::f32;
@@ -21,10 +20,6 @@ using kiln::testing::kNaN;
 
 namespace {
 
-std::string source_of(const Tensor& t) {
-  std::vector<NodePtr> targets = {t.node()};
-  return cpu::render_cpp(jit::lower_for(targets).kernels).functions.at(0);
-}
 
 const char* rounding_of(DType t) { return t == DType::BFloat16 ? "kiln_round_bf" : "kiln_round_h"; }
 
@@ -50,10 +45,10 @@ TEST_CASE("half-type products with a 0/1 mask: exact without rounding, the rest 
     const Tensor tripled = x * cast(threes, t);              // not exact: rounded
     const Tensor scaled = scalar(0.3, t) * cast(mask, t);    // a float-precision scalar: rounded
     // The rule fires where it may and nowhere else (the products are what each kernel stores).
-    CHECK(source_of(masked).find(rounding_of(t)) == std::string::npos);
-    CHECK(source_of(masked_first).find(rounding_of(t)) == std::string::npos);
-    CHECK(source_of(tripled).find(rounding_of(t)) != std::string::npos);
-    CHECK(source_of(scaled).find(rounding_of(t)) != std::string::npos);
+    CHECK(testing::cpu_source_of(masked).find(rounding_of(t)) == std::string::npos);
+    CHECK(testing::cpu_source_of(masked_first).find(rounding_of(t)) == std::string::npos);
+    CHECK(testing::cpu_source_of(tripled).find(rounding_of(t)) != std::string::npos);
+    CHECK(testing::cpu_source_of(scaled).find(rounding_of(t)) != std::string::npos);
     // The values, read through a float32 cast fused into the same kernel: a float16 store rounds
     // anyway, so only there would a product wrongly left unrounded show.
     const std::vector<float> m = masked.cast(DType::Float32).to_vector<float>();

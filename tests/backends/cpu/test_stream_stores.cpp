@@ -10,8 +10,7 @@
 #include <vector>
 
 #include "backends/cpu/render_cpp.h"
-#include "jit/executor.h"
-#include "jit/lower.h"
+#include "tests/support/kernel_source.h"
 
 using namespace kiln;
 
@@ -28,10 +27,6 @@ std::vector<unsigned char> bytes_with(int64_t stream_bytes, const std::function<
   return bytes;
 }
 
-std::string source_of(const Tensor& t) {
-  std::vector<NodePtr> targets = {t.node()};
-  return cpu::render_cpp(jit::lower_for(targets).kernels).functions.at(0);
-}
 
 }  // namespace
 
@@ -61,17 +56,17 @@ TEST_CASE("streamed outputs equal the plain loop's, bit for bit", "[cpu][jit][st
 
 TEST_CASE("only parallel flat kernels with one output render the streamed path", "[cpu][jit][stream]") {
   Tensor big = randn({100000}).realize(), small = randn({1000}).realize();
-  CHECK(source_of(big * 2.0 + 1.0).find("kiln_stream(") != std::string::npos);
-  CHECK(source_of(small * 2.0 + 1.0).find("kiln_stream(") == std::string::npos);  // one thread, in cache
+  CHECK(testing::cpu_source_of(big * 2.0 + 1.0).find("kiln_stream(") != std::string::npos);
+  CHECK(testing::cpu_source_of(small * 2.0 + 1.0).find("kiln_stream(") == std::string::npos);  // one thread, in cache
   Tensor wide = randn({400, 250}).realize();
-  CHECK(source_of(wide * 2.0 + 1.0).find("kiln_stream(") != std::string::npos);  // contiguous: flattened
+  CHECK(testing::cpu_source_of(wide * 2.0 + 1.0).find("kiln_stream(") != std::string::npos);  // contiguous: flattened
   Tensor row = randn({250}).realize();
-  CHECK(source_of(wide + row).find("kiln_stream(") == std::string::npos);  // a broadcast: two loops
+  CHECK(testing::cpu_source_of(wide + row).find("kiln_stream(") == std::string::npos);  // a broadcast: two loops
   CHECK(cpu::stream_threshold_bytes() > 0);
   FlagsGuard guard;
   flags().stream_bytes = 0;
   CHECK(cpu::stream_threshold_bytes() == 0);
-  CHECK(source_of(big * 2.0 + 1.0).find("kiln_stream(") == std::string::npos);  // off: not even rendered
+  CHECK(testing::cpu_source_of(big * 2.0 + 1.0).find("kiln_stream(") == std::string::npos);  // off: not even rendered
   flags().stream_bytes = 4096;
   CHECK(cpu::stream_threshold_bytes() == 4096);
 }

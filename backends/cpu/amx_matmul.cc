@@ -286,15 +286,31 @@ struct Work {
   int64_t batch, M, K, N, Kp, panels;
 };
 
-// One thread's share: panels [p0, p1) and rows [r0, r1) of every batch.
-void run_share(const Work& w, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
+// Rows of A packed at once: at most kChunkBytes of a thread's scratch.
+int64_t chunk_rows_of(const Work& w) { return std::max(kBlockM, kChunkBytes / (w.Kp * 2) / kBlockM * kBlockM); }
+
+// Where the panels are split between threads, thread t owns [panels * t / nt, panels * (t + 1) / nt)
+// of each batch and chunk of rows and claims them kClaimPanels at a time from its own counter; with
+// none left it claims the others' (all of them where fewer threads came than were asked for: a call
+// from inside another parallel region). A thread that runs slower (this host's cores do not keep one
+// rate: a busy sibling, a slowed tile unit) then does fewer panels instead of keeping the others
+// waiting, and in an even run each thread still walks its own columns in order.
+struct PanelClaims {
+  std::atomic<int64_t>* next = nullptr;  // nt counters per batch and chunk, from each owner's first panel
+  int64_t t = 0, nt = 1;
+};
+constexpr int64_t kClaimPanels = 2;
+
+// One thread's share: panels [p0, p1) and rows [r0, r1) of every batch; with claims, [p0, p1) is
+// the range the thread owns, and it runs what it claims.
+void run_share(const Work& w, int64_t p0, int64_t p1, int64_t r0, int64_t r1, const PanelClaims& claims = {}) {
   thread_local Aligned<uint16_t> a_scratch, tail_scratch;
   thread_local Aligned<uint32_t> b_scratch;
   thread_local Aligned<float> c_scratch;
   const int64_t kt = w.Kp / kTileK, tile = kTileRows * kTileK;
   const int64_t panel_size = w.Kp / 2 * kPanelN;  // dwords
-  const int64_t group = std::max<int64_t>(1, kGroupBytes / (panel_size * 4));
-  uint32_t* panels = b_scratch.get(static_cast<size_t>(std::min(group, p1 - p0) * panel_size));
+  const int64_t group = claims.next ? kClaimPanels : std::max<int64_t>(1, kGroupBytes / (panel_size * 4));
+  uint32_t* panels = b_scratch.get(static_cast<size_t>((claims.next ? group : std::min(group, p1 - p0)) * panel_size));
   float* block = c_scratch.get(kBlockM * kPanelN);
   // Whole 32-row blocks of a row-major A are read in place, all but a K tail, where the pitch is
   // short or few panels read each block (kInPlacePitchBytes). Otherwise packing pays: 16 rows at a
@@ -302,33 +318,40 @@ void run_share(const Work& w, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
   // every panel loads them again; packed, the MLP's 128 x 784 x 512 forward took 94 -> 80 us, its
   // 128 x 512 x 784 data gradient 86 -> 71.
   const int64_t rs = w.as[1], cs = w.as[2];
-  const bool in_place = cs == 1 && rs >= w.K && (rs * 2 <= kInPlacePitchBytes || p1 - p0 < kPackForPanels);
+  const int64_t share = p1 - p0;
+  const bool in_place = cs == 1 && rs >= w.K && (rs * 2 <= kInPlacePitchBytes || share < kPackForPanels);
   const bool partial_rows = p0 > 0 || p1 < w.panels;
   const int64_t k_full = w.K / kTileK;
-  const int64_t chunk_rows = std::max(kBlockM, kChunkBytes / (w.Kp * 2) / kBlockM * kBlockM);
+  const int64_t chunk_rows = chunk_rows_of(w);
+  const int64_t chunks = (r1 - r0 + chunk_rows - 1) / chunk_rows;
   TileScope tiles;
   for (int64_t n = 0; n < w.batch; ++n) {
     const uint16_t* a = w.a + n * w.as[0];
     const uint16_t* b = w.b + n * w.bs[0];
     uint16_t* c = w.c + n * w.M * w.N;
-    for (int64_t chunk = r0; chunk < r1; chunk += chunk_rows) {
-      const int64_t rows = std::min(chunk_rows, r1 - chunk);
+    for (int64_t ci = 0; ci < chunks; ++ci) {
+      const int64_t chunk = r0 + ci * chunk_rows, rows = std::min(chunk_rows, r1 - chunk);
       const int64_t read_rows = in_place ? rows / kBlockM * kBlockM : 0;
       const uint16_t* tail = nullptr;
-      if (read_rows > 0 && k_full < kt) {
-        uint16_t* packed = tail_scratch.get(static_cast<size_t>(read_rows * kTileK));
-        pack_a(a + chunk * rs + k_full * kTileK, rs, cs, read_rows, w.K - k_full * kTileK, kTileK, packed);
-        tail = packed;
-      }
       uint16_t* a_tiles = nullptr;
-      if (read_rows < rows) {
-        a_tiles = a_scratch.get(static_cast<size_t>(round_up(rows - read_rows, kBlockM) * w.Kp));
-        pack_a(a + (chunk + read_rows) * rs, rs, cs, rows - read_rows, w.K, w.Kp, a_tiles);
-      }
+      bool packed_a = false;
+      // A is packed on the first panels this thread gets of the chunk: none, no packing.
+      auto pack_chunk = [&] {
+        if (read_rows > 0 && k_full < kt) {
+          uint16_t* packed = tail_scratch.get(static_cast<size_t>(read_rows * kTileK));
+          pack_a(a + chunk * rs + k_full * kTileK, rs, cs, read_rows, w.K - k_full * kTileK, kTileK, packed);
+          tail = packed;
+        }
+        if (read_rows < rows) {
+          a_tiles = a_scratch.get(static_cast<size_t>(round_up(rows - read_rows, kBlockM) * w.Kp));
+          pack_a(a + (chunk + read_rows) * rs, rs, cs, rows - read_rows, w.K, w.Kp, a_tiles);
+        }
+        packed_a = true;
+      };
       // Panels packed a group at a time, then each block of rows against all of them: C written a
       // row block at a time, the block's A tiles reused while still in cache.
-      for (int64_t g0 = p0; g0 < p1; g0 += group) {
-        const int64_t g1 = std::min(p1, g0 + group);
+      auto run_group = [&](int64_t g0, int64_t g1) {
+        if (!packed_a) pack_chunk();
         for (int64_t p = g0; p < g1; ++p) {
           const int64_t n0 = p * kPanelN;
           pack_b(b + n0 * w.bs[2], w.bs[1], w.bs[2], std::min(kPanelN, w.N - n0), w.K, w.Kp, panels + (p - g0) * panel_size);
@@ -353,6 +376,16 @@ void run_share(const Work& w, int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
             store_block(block, block_rows, cols, c_block, w.N);
           }
         }
+      };
+      if (!claims.next) {
+        for (int64_t g0 = p0; g0 < p1; g0 += group) run_group(g0, std::min(p1, g0 + group));
+        continue;
+      }
+      std::atomic<int64_t>* next = claims.next + (n * chunks + ci) * claims.nt;
+      for (int64_t i = 0; i < claims.nt; ++i) {
+        const int64_t owner = (claims.t + i) % claims.nt, end = w.panels * (owner + 1) / claims.nt;
+        for (int64_t g0; (g0 = next[owner].fetch_add(group, std::memory_order_relaxed)) < end;)
+          run_group(g0, std::min(end, g0 + group));
       }
     }
   }
@@ -391,16 +424,21 @@ void amx_matmul(const void* a, const int64_t a_strides[3], const void* b, const 
     run_share(w, 0, w.panels, 0, M);
     return;
   }
+  // Each thread packs the whole of the operand it does not split: split the panels of B where A
+  // is the smaller (a layer's products on a batch of 128: M <= N) and there are enough of them,
+  // else blocks of rows (a projection of 2048 tokens to 128 or 512 features: M > N).
+  const bool split_panels = w.panels >= threads && (M <= N || blocks < threads);
+  const int64_t chunks = (M + chunk_rows_of(w) - 1) / chunk_rows_of(w);
+  std::vector<std::atomic<int64_t>> next(split_panels ? static_cast<size_t>(batch * chunks * threads) : 0);
+  for (size_t i = 0; i < next.size(); ++i)
+    next[i].store(w.panels * static_cast<int64_t>(i % threads) / threads, std::memory_order_relaxed);
   std::exception_ptr failure;
 #pragma omp parallel num_threads(threads)
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     try {
-      // Each thread packs the whole of the operand it does not split: split the panels of B where A
-      // is the smaller (a layer's products on a batch of 128: M <= N) and there are enough of them,
-      // else blocks of rows (a projection of 2048 tokens to 128 or 512 features: M > N).
-      if (w.panels >= nt && (M <= N || blocks < nt))
-        run_share(w, w.panels * t / nt, w.panels * (t + 1) / nt, 0, M);
+      if (split_panels)
+        run_share(w, w.panels * t / threads, w.panels * (t + 1) / threads, 0, M, {next.data(), t, threads});
       else
         run_share(w, 0, w.panels, std::min(M, blocks * t / nt * kBlockM), std::min(M, blocks * (t + 1) / nt * kBlockM));
     } catch (...) {

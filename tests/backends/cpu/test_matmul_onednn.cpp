@@ -1,6 +1,7 @@
 // oneDNN matmul against a naive triple loop in double, over the operand layouts kiln's views
 // produce: contiguous, transposed, padded rows, no unit stride, reversed, and broadcast batches.
 #include <catch2/catch.hpp>
+#include <omp.h>
 
 #include <cmath>
 #include <cstddef>
@@ -281,4 +282,54 @@ TEST_CASE("onednn matmul: bfloat16 products on kiln's AMX kernel", "[ops][matmul
       for (size_t i = 0; i < count; ++i) apart += std::abs(int(whole[i]) - int(library[i])) > 1;
       CHECK(apart == 0);
     }
+}
+
+// Where the panels are split, each thread claims its own and then the others' (backends/cpu/
+// amx_matmul.cc, PanelClaims). Called from inside a parallel region, the kernel asks for threads
+// and gets one: that thread must claim every panel, its own range and the ranges of the threads
+// that never came. Each element's bits do not depend on who computed it.
+TEST_CASE("onednn matmul: the AMX kernel's panels are all claimed when fewer threads come than it asks for",
+          "[ops][matmul][onednn][amx]") {
+  if (!kiln::cpu::amx_matmul_available()) {
+    WARN("this CPU has no AMX-BF16; kiln's AMX kernel is not used and not tested here");
+    return;
+  }
+  if (omp_get_max_threads() < 2) {
+    WARN("OpenMP runs one thread here: the kernel does not split the panels");
+    return;
+  }
+  const int saved_levels = omp_get_max_active_levels();
+  omp_set_max_active_levels(1);  // a region inside another gets one thread
+  std::mt19937 rng(5);
+  // One chunk of rows (a layer's product on a batch of 128), several chunks, two batches, a K tail.
+  const MatmulCase cases[] = {{DType::BFloat16, 1, 128, 784, 512, Layout::RowMajor, Layout::Transposed},
+                              {DType::BFloat16, 1, 520, 2048, 900, Layout::RowMajor, Layout::RowMajor},
+                              {DType::BFloat16, 2, 40, 72, 300, Layout::Transposed, Layout::RowMajor}};
+  for (const MatmulCase& cs : cases) {
+    INFO(describe(cs));
+    const Operand a = make_operand(cs.dtype, cs.batch, cs.M, cs.K, cs.a_layout, false, rng);
+    const Operand b = make_operand(cs.dtype, cs.batch, cs.K, cs.N, cs.b_layout, false, rng);
+    const size_t count = static_cast<size_t>(cs.batch * cs.M * cs.N);
+    std::vector<uint16_t> whole(count);
+    kiln::cpu::onednn_matmul(cs.dtype, a.data(), a.strides, b.data(), b.strides, whole.data(), cs.batch, cs.M, cs.K,
+                             cs.N);
+    std::vector<std::vector<uint16_t>> alone(2, std::vector<uint16_t>(count, 0x7fc0));  // NaN where nothing wrote
+    int inner_threads[2] = {0, 0}, inner_max[2] = {0, 0};
+#pragma omp parallel num_threads(2)
+    {
+      const int t = omp_get_thread_num();
+      if (t < 2) {
+        inner_max[t] = omp_get_max_threads();
+#pragma omp parallel
+        inner_threads[t] = omp_get_num_threads();
+        kiln::cpu::onednn_matmul(cs.dtype, a.data(), a.strides, b.data(), b.strides, alone[t].data(), cs.batch, cs.M,
+                                 cs.K, cs.N);
+      }
+    }
+    CHECK(inner_threads[0] == 1);
+    CHECK(inner_max[0] >= 2);  // so the kernel asked for more than it got
+    CHECK(alone[0] == whole);
+    if (inner_threads[1] != 0) CHECK(alone[1] == whole);
+  }
+  omp_set_max_active_levels(saved_levels);
 }

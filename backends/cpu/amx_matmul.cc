@@ -26,9 +26,9 @@ constexpr int64_t kTileK = 32;    // bfloat16 elements in a tile row of 64 bytes
 constexpr int64_t kBlockM = 32;   // rows of C per block: two tiles
 constexpr int64_t kPanelN = 32;   // columns of C per panel: two tiles
 constexpr int64_t kChunkBytes = int64_t{2} << 20;  // A packed at most this much at once: a thread's scratch
-constexpr int64_t kGroupBytes = int64_t{1} << 20;  // and B's panels
+constexpr int64_t kGroupBytes = int64_t{1} << 20;  // and B's panels, where a thread has its own (no claims)
 // A row-major A is read in place, not packed, where its row pitch is at most this (a block's 32
-// rows then lie in 8 KiB, read in order) or a thread's share has fewer panels than kPackForPanels
+// rows then lie in 8 KiB, read in order) or the panels a thread owns are fewer than kPackForPanels
 // (each panel loads the block again; packed, the loads are of whole aligned tiles).
 constexpr int64_t kInPlacePitchBytes = 256;
 constexpr int64_t kPackForPanels = 8;
@@ -289,16 +289,22 @@ struct Work {
 // Rows of A packed at once: at most kChunkBytes of a thread's scratch.
 int64_t chunk_rows_of(const Work& w) { return std::max(kBlockM, kChunkBytes / (w.Kp * 2) / kBlockM * kBlockM); }
 
-// Where the panels are split between threads, thread t owns [panels * t / nt, panels * (t + 1) / nt)
-// of each batch and chunk of rows and claims them kClaimPanels at a time from its own counter; with
-// none left it claims the others' (all of them where fewer threads came than were asked for: a call
-// from inside another parallel region). A thread that runs slower (this host's cores do not keep one
-// rate: a busy sibling, a slowed tile unit) then does fewer panels instead of keeping the others
-// waiting, and in an even run each thread still walks its own columns in order.
+// Where the panels are split between threads, each of `owners` (the threads asked for) owns
+// [panels * t / owners, panels * (t + 1) / owners) of each batch and chunk of rows and claims them
+// kClaimPanels at a time from its own counter; with none left it claims the others' (all of them
+// where fewer threads came than were asked for: a call from inside another parallel region). Cores
+// do not always run at one rate (a hyperthread sibling busy with another process's vector or tile
+// work slows them, as do frequency limits), and with a fixed split the slower core kept the other
+// waiting at the end of every product; claimed, it does fewer panels. In an even run each thread
+// still walks its own columns in order, as it did in the fixed split.
 struct PanelClaims {
-  std::atomic<int64_t>* next = nullptr;  // nt counters per batch and chunk, from each owner's first panel
-  int64_t t = 0, nt = 1;
+  std::atomic<int64_t>* next = nullptr;  // `owners` counters per batch and chunk, from each owner's first panel
+  int64_t t = 0, owners = 1;
+  int64_t chunks = 1;  // chunks of rows per batch that the counters were laid out for
 };
+// Two panels a claim: one was 7% slower in the MLP's step (A's block is loaded for a single panel;
+// and where the threads alternate claims, they write alternate 64-byte pieces of C's rows), and
+// more make the last claims too coarse to even out two threads.
 constexpr int64_t kClaimPanels = 2;
 
 // One thread's share: panels [p0, p1) and rows [r0, r1) of every batch; with claims, [p0, p1) is
@@ -324,6 +330,8 @@ void run_share(const Work& w, int64_t p0, int64_t p1, int64_t r0, int64_t r1, co
   const int64_t k_full = w.K / kTileK;
   const int64_t chunk_rows = chunk_rows_of(w);
   const int64_t chunks = (r1 - r0 + chunk_rows - 1) / chunk_rows;
+  KILN_CHECK(!claims.next || (r0 == 0 && chunks == claims.chunks), "matmul",
+             "AMX panel claims laid out for {} chunks of rows, run on {}", claims.chunks, chunks);
   TileScope tiles;
   for (int64_t n = 0; n < w.batch; ++n) {
     const uint16_t* a = w.a + n * w.as[0];
@@ -348,8 +356,9 @@ void run_share(const Work& w, int64_t p0, int64_t p1, int64_t r0, int64_t r1, co
         }
         packed_a = true;
       };
-      // Panels packed a group at a time, then each block of rows against all of them: C written a
-      // row block at a time, the block's A tiles reused while still in cache.
+      // Panels packed a group at a time (a claim's two, or up to kGroupBytes of a thread's own), then
+      // each block of rows against all of them: C written a row block at a time, the block's A
+      // tiles reused while still in cache.
       auto run_group = [&](int64_t g0, int64_t g1) {
         if (!packed_a) pack_chunk();
         for (int64_t p = g0; p < g1; ++p) {
@@ -381,9 +390,9 @@ void run_share(const Work& w, int64_t p0, int64_t p1, int64_t r0, int64_t r1, co
         for (int64_t g0 = p0; g0 < p1; g0 += group) run_group(g0, std::min(p1, g0 + group));
         continue;
       }
-      std::atomic<int64_t>* next = claims.next + (n * chunks + ci) * claims.nt;
-      for (int64_t i = 0; i < claims.nt; ++i) {
-        const int64_t owner = (claims.t + i) % claims.nt, end = w.panels * (owner + 1) / claims.nt;
+      std::atomic<int64_t>* next = claims.next + (n * chunks + ci) * claims.owners;
+      for (int64_t i = 0; i < claims.owners; ++i) {
+        const int64_t owner = (claims.t + i) % claims.owners, end = w.panels * (owner + 1) / claims.owners;
         for (int64_t g0; (g0 = next[owner].fetch_add(group, std::memory_order_relaxed)) < end;)
           run_group(g0, std::min(end, g0 + group));
       }
@@ -438,7 +447,7 @@ void amx_matmul(const void* a, const int64_t a_strides[3], const void* b, const 
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     try {
       if (split_panels)
-        run_share(w, w.panels * t / threads, w.panels * (t + 1) / threads, 0, M, {next.data(), t, threads});
+        run_share(w, w.panels * t / threads, w.panels * (t + 1) / threads, 0, M, {next.data(), t, threads, chunks});
       else
         run_share(w, 0, w.panels, std::min(M, blocks * t / nt * kBlockM), std::min(M, blocks * (t + 1) / nt * kBlockM));
     } catch (...) {

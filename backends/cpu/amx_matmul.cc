@@ -324,8 +324,7 @@ void run_share(const Work& w, int64_t p0, int64_t p1, int64_t r0, int64_t r1, co
   // every panel loads them again; packed, the MLP's 128 x 784 x 512 forward took 94 -> 80 us, its
   // 128 x 512 x 784 data gradient 86 -> 71.
   const int64_t rs = w.as[1], cs = w.as[2];
-  const int64_t share = p1 - p0;
-  const bool in_place = cs == 1 && rs >= w.K && (rs * 2 <= kInPlacePitchBytes || share < kPackForPanels);
+  const bool in_place = cs == 1 && rs >= w.K && (rs * 2 <= kInPlacePitchBytes || p1 - p0 < kPackForPanels);
   const bool partial_rows = p0 > 0 || p1 < w.panels;
   const int64_t k_full = w.K / kTileK;
   const int64_t chunk_rows = chunk_rows_of(w);
@@ -437,7 +436,7 @@ void amx_matmul(const void* a, const int64_t a_strides[3], const void* b, const 
   // is the smaller (a layer's products on a batch of 128: M <= N) and there are enough of them,
   // else blocks of rows (a projection of 2048 tokens to 128 or 512 features: M > N).
   const bool split_panels = w.panels >= threads && (M <= N || blocks < threads);
-  const int64_t chunks = (M + chunk_rows_of(w) - 1) / chunk_rows_of(w);
+  const int64_t chunk_rows = chunk_rows_of(w), chunks = (M + chunk_rows - 1) / chunk_rows;
   std::vector<std::atomic<int64_t>> next(split_panels ? static_cast<size_t>(batch * chunks * threads) : 0);
   for (size_t i = 0; i < next.size(); ++i)
     next[i].store(w.panels * static_cast<int64_t>(i % threads) / threads, std::memory_order_relaxed);

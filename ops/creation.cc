@@ -98,17 +98,23 @@ Tensor multinomial(const Tensor& probs, int64_t samples) {
   return from_vector<int64_t>(picked, shape).to(probs.device());
 }
 
-namespace {
-Tensor realized_from_bytes(const void* bytes, DType dtype, Shape shape) {
+Tensor written_on_host(DType dtype, Shape shape, const std::function<void(void* bytes)>& write) {
+  check_shape(shape, "written_on_host");
   auto node = new_node();
   node->op = Op::Input;
   node->dtype = dtype;
   node->shape = std::move(shape);
   node->device = Device::cpu();
   node->storage = memory::allocate_storage(node->nbytes(), node->device);
-  if (node->nbytes() > 0) std::memcpy(node->storage->data, bytes, node->nbytes());
+  if (node->nbytes() > 0) write(node->storage->data);
   Tensor t(std::move(node));
   return flags().use_cuda ? to_device(t, Device::cuda(0)) : t;
+}
+
+namespace {
+Tensor realized_from_bytes(const void* bytes, DType dtype, Shape shape) {
+  const size_t size = static_cast<size_t>(numel(shape)) * dtype_size(dtype);
+  return written_on_host(dtype, std::move(shape), [&](void* out) { std::memcpy(out, bytes, size); });
 }
 }  // namespace
 

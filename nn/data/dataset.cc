@@ -1,5 +1,6 @@
 // Dataset, TensorDataset and the DataLoader's epoch: an order, a worker thread that gathers host
-// batches into a bounded queue, and the consumer side that turns them into tensors.
+// batches into a bounded queue, and the consumer side that turns them into tensors (or, for a
+// dataset in memory, reads each batch straight into its tensors).
 #include "nn/data/dataset.h"
 
 #include <algorithm>
@@ -120,7 +121,8 @@ class EpochRun {
       for (int64_t i = 0; i < n; ++i) order_[i] = i;
     }
     order_ = shard_order(order_, options.sampler_);
-    if (options_.prefetch_ > 0 && num_batches_ > 0) worker_ = std::thread([this] { work(); });
+    if (options_.prefetch_ > 0 && num_batches_ > 0 && !dataset.reads_from_memory())
+      worker_ = std::thread([this] { work(); });
   }
 
   ~EpochRun() {
@@ -135,6 +137,7 @@ class EpochRun {
   // The next batch as tensors, or null at the end of the epoch.
   std::shared_ptr<Batch> next() {
     if (delivered_ >= num_batches_) return nullptr;
+    if (dataset_.reads_from_memory()) return gather_in_place(delivered_++);
     HostBatch host;
     if (!worker_.joinable()) {
       try {
@@ -163,24 +166,76 @@ class EpochRun {
   }
 
  private:
+  // Positions [start, stop) of this epoch's order for batch `batch_index`.
+  std::pair<int64_t, int64_t> span(int64_t batch_index) const {
+    const int64_t n = static_cast<int64_t>(order_.size()), bs = options_.batch_size_;
+    const int64_t start = batch_index * bs;
+    return {start, std::min(n, start + bs)};
+  }
+
+  // Reads the examples `indices` into `input` (bytes or floats: Dataset::input_dtype) and
+  // `target`, example k at row k; with `threads`, split over OpenMP's threads. An exception
+  // thrown by a read comes out of this call.
+  void read_examples(const std::vector<int64_t>& indices, void* input, int64_t* target, bool threads) const {
+    const int64_t count = static_cast<int64_t>(indices.size());
+    const int64_t per_input = numel(dataset_.input_shape()), per_target = numel(dataset_.target_shape());
+    const bool bytes = dataset_.input_dtype() == DType::UInt8;  // a gather of bytes: a quarter of the floats
+    std::exception_ptr error;
+#pragma omp parallel for schedule(static) if (threads)
+    for (int64_t k = 0; k < count; ++k) {
+      try {
+        if (bytes)
+          dataset_.read_bytes(indices[k], static_cast<uint8_t*>(input) + k * per_input, target + k * per_target);
+        else
+          dataset_.read(indices[k], static_cast<float*>(input) + k * per_input, target + k * per_target);
+      } catch (...) {
+#pragma omp critical(kiln_data_read_error)
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+  }
+
   HostBatch gather(int64_t batch_index) const {
-    int64_t n = static_cast<int64_t>(order_.size()), bs = options_.batch_size_;
-    int64_t start = batch_index * bs, stop = std::min(n, start + bs);
-    int64_t per_input = numel(dataset_.input_shape()), per_target = numel(dataset_.target_shape());
+    const auto [start, stop] = span(batch_index);
+    const int64_t per_input = numel(dataset_.input_shape()), per_target = numel(dataset_.target_shape());
     HostBatch host;
     host.index = batch_index;
     host.indices.assign(order_.begin() + start, order_.begin() + stop);
     host.target.resize((stop - start) * per_target);
-    if (dataset_.input_dtype() == DType::UInt8) {  // a gather of bytes: a quarter of the floats
+    void* input = nullptr;
+    if (dataset_.input_dtype() == DType::UInt8) {
       host.bytes.resize((stop - start) * per_input);
-      for (int64_t k = 0; k < stop - start; ++k)
-        dataset_.read_bytes(host.indices[k], host.bytes.data() + k * per_input, host.target.data() + k * per_target);
-      return host;
+      input = host.bytes.data();
+    } else {
+      host.input.resize((stop - start) * per_input);
+      input = host.input.data();
     }
-    host.input.resize((stop - start) * per_input);
-    for (int64_t k = 0; k < stop - start; ++k)
-      dataset_.read(host.indices[k], host.input.data() + k * per_input, host.target.data() + k * per_target);
+    read_examples(host.indices, input, host.target.data(), false);
     return host;
+  }
+
+  // A batch of a dataset held in memory, read into its input tensor's own storage by every
+  // thread: each thread's rows then sit in its cache for the first kernel that reads them.
+  std::shared_ptr<Batch> gather_in_place(int64_t batch_index) const {
+    const auto [start, stop] = span(batch_index);
+    auto batch = std::make_shared<Batch>();
+    batch->index = batch_index;
+    batch->indices.assign(order_.begin() + start, order_.begin() + stop);
+    const int64_t b = stop - start;
+    std::vector<int64_t> target(static_cast<size_t>(b * numel(dataset_.target_shape())));
+    const Shape shape = prepend(b, dataset_.input_shape());
+    // Below a few pages the threads' start costs more than their share of the copy.
+    const bool threads = numel(shape) * static_cast<int64_t>(dtype_size(dataset_.input_dtype())) >= (int64_t{1} << 16);
+    try {
+      batch->input = written_on_host(dataset_.input_dtype(), shape, [&](void* input) {
+        read_examples(batch->indices, input, target.data(), threads);
+      });
+    } catch (...) {
+      rethrow_as_error(std::current_exception(), batch_index);
+    }
+    batch->target = from_vector(target, prepend(b, dataset_.target_shape()));
+    return batch;
   }
 
   void work() {

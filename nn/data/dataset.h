@@ -8,9 +8,11 @@
 //       ...
 //     }
 //
-// A Dataset hands out examples as host data (float features, int64 targets) so a background
-// thread can gather the next batch while the current one trains; the loader turns the gathered
-// batch into kiln tensors on the consuming thread (one copy each, with kiln::from_vector).
+// A Dataset hands out examples as host data (float features, int64 targets). One that reads
+// files or decodes has a background thread gather the next batch while the current one trains;
+// the loader turns the gathered batch into kiln tensors on the consuming thread (one copy each,
+// with kiln::from_vector). One held in memory (reads_from_memory) is gathered when its batch is
+// asked for, by every thread, straight into the batch's tensor.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -41,6 +43,12 @@ class Dataset {
   virtual DType input_dtype() const { return DType::Float32; }
   // As read, the example's input as numel(input_shape()) bytes; for input_dtype() UInt8 only.
   virtual void read_bytes(int64_t index, uint8_t* input, int64_t* target) const;
+  // True where read and read_bytes only copy out of memory the dataset holds (no files, no
+  // decoding), and may run on several threads at once. The DataLoader then gathers each batch
+  // when it is asked for, on all threads, into the batch's own tensor: on a machine of few cores,
+  // waking a worker thread for such a gather costs more than the gather (the thread switch takes
+  // a core from the step's kernels), and its batch would still be copied once more.
+  virtual bool reads_from_memory() const { return false; }
 
   Example get(int64_t index) const;  // example `index` as realized tensors; checks the range
 };
@@ -59,6 +67,7 @@ class TensorDataset : public Dataset {
   Shape input_shape() const override { return input_shape_; }
   Shape target_shape() const override { return target_shape_; }
   void read(int64_t index, float* input, int64_t* target) const override;
+  bool reads_from_memory() const override { return true; }
 
  private:
   std::vector<float> inputs_;    // (N, input_shape...)
@@ -94,6 +103,7 @@ struct DataLoaderOptions {
   DataLoaderOptions& seed(uint64_t v) { seed_ = v; return *this; }
   DataLoaderOptions& drop_last(bool v) { drop_last_ = v; return *this; }
   // Gather batches on a background thread, up to `prefetch` ahead; 0 = gather on the caller.
+  // A dataset held in memory (Dataset::reads_from_memory) is always gathered on the caller.
   DataLoaderOptions& prefetch(int v) { prefetch_ = v; return *this; }
   // Visit only this rank's share of each epoch (see DistributedSampler).
   DataLoaderOptions& sampler(DistributedSampler v) { sampler_ = v; return *this; }

@@ -1,6 +1,7 @@
-// Data loading: DataLoader order, coverage, early exit, background vs synchronous gathering and
-// worker errors; the IDX reader on small synthetic files (gzip and plain) and its rejections;
-// Fashion-MNIST itself only when the Debian package's files are installed.
+// Data loading: DataLoader order, coverage, early exit, background vs synchronous gathering, an
+// in-memory dataset read into its batches on every thread, and worker errors; the IDX reader on
+// small synthetic files (gzip and plain) and its rejections; Fashion-MNIST itself only when the
+// Debian package's files are installed.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -108,10 +109,50 @@ void write_fake_mnist(const TempDir& dir, const std::string& prefix, int n, bool
   write(dir.file(prefix + "-labels-idx1-ubyte" + ext), idx_bytes({uint32_t(n)}, labels));
 }
 
+// Another dataset's examples, as if read from files: the loader gathers them on its worker thread.
+class FromFiles : public Dataset {
+ public:
+  explicit FromFiles(const Dataset& inner) : inner_(inner) {}
+  int64_t size() const override { return inner_.size(); }
+  kiln::Shape input_shape() const override { return inner_.input_shape(); }
+  kiln::Shape target_shape() const override { return inner_.target_shape(); }
+  void read(int64_t index, float* input, int64_t* target) const override { inner_.read(index, input, target); }
+  DType input_dtype() const override { return inner_.input_dtype(); }
+  void read_bytes(int64_t index, uint8_t* input, int64_t* target) const override {
+    inner_.read_bytes(index, input, target);
+  }
+
+ private:
+  const Dataset& inner_;
+};
+
+// N images of 1024 bytes held in memory, each byte a function of (example, position), and targets
+// (2): a batch of 96 is 96 KiB, which the loader reads on every thread.
+class ByteImages : public Dataset {
+ public:
+  explicit ByteImages(int64_t unreadable = -1) : unreadable_(unreadable) {}
+  static uint8_t pixel(int64_t index, int64_t at) { return static_cast<uint8_t>((index * 131 + at * 7) % 251); }
+  int64_t size() const override { return 300; }
+  kiln::Shape input_shape() const override { return {32, 32}; }
+  kiln::Shape target_shape() const override { return {2}; }
+  DType input_dtype() const override { return DType::UInt8; }
+  void read(int64_t, float*, int64_t*) const override { FAIL("ByteImages hands out bytes"); }
+  void read_bytes(int64_t index, uint8_t* input, int64_t* target) const override {
+    if (index == unreadable_) throw std::runtime_error("bad sector");
+    for (int64_t at = 0; at < 1024; ++at) input[at] = pixel(index, at);
+    target[0] = index, target[1] = -index;
+  }
+  bool reads_from_memory() const override { return true; }
+
+ private:
+  int64_t unreadable_;  // an example whose read throws (-1: none)
+};
+
 // Reads example `index` and throws at one bad index: a dataset whose worker fails mid-epoch.
 class FailingDataset : public Dataset {
  public:
-  explicit FailingDataset(bool kiln_error) : kiln_error_(kiln_error) {}
+  explicit FailingDataset(bool kiln_error, bool in_memory = false) : kiln_error_(kiln_error), in_memory_(in_memory) {}
+  bool reads_from_memory() const override { return in_memory_; }
   int64_t size() const override { return 40; }
   kiln::Shape input_shape() const override { return {1}; }
   void read(int64_t index, float* input, int64_t* target) const override {
@@ -124,7 +165,7 @@ class FailingDataset : public Dataset {
   }
 
  private:
-  bool kiln_error_;
+  bool kiln_error_, in_memory_;
 };
 
 }  // namespace
@@ -231,7 +272,8 @@ TEST_CASE("DistributedSampler: the ranks' shards cover the epoch, padded to a mu
 }
 
 TEST_CASE("DataLoader: the background thread delivers what a synchronous pass does", "[data]") {
-  TensorDataset dataset = numbered_dataset(257);
+  TensorDataset numbered = numbered_dataset(257);
+  FromFiles dataset(numbered);
   for (int prefetch : {1, 2, 8}) {
     CAPTURE(prefetch);
     DataLoader background(dataset, DataLoaderOptions(16).seed(11).prefetch(prefetch));
@@ -250,12 +292,67 @@ TEST_CASE("DataLoader: the background thread delivers what a synchronous pass do
       CHECK(inputs_bg.size() == 17);
       CHECK(inputs_bg == inputs_sync);
       CHECK(targets_bg == targets_sync);
+      // The dataset in memory, read into each batch on the caller: the same batches.
+      DataLoader in_place(numbered, DataLoaderOptions(16).seed(11).prefetch(prefetch));
+      in_place.set_epoch(epoch);
+      size_t at = 0;
+      for (Batch& b : in_place) {
+        REQUIRE(at < inputs_bg.size());
+        CHECK(b.input.to_vector<float>() == inputs_bg[at]);
+        CHECK(b.target.to_vector<int64_t>() == targets_bg[at]);
+        ++at;
+      }
+      CHECK(at == inputs_bg.size());
     }
   }
 }
 
+TEST_CASE("DataLoader: a dataset in memory is read into each batch by every thread", "[data]") {
+  ByteImages images;
+  FromFiles files(images);
+  // 96 KiB batches, split over the threads; a last partial batch of 12.
+  DataLoader in_place(images, DataLoaderOptions(96).seed(3)), worker(files, DataLoaderOptions(96).seed(3));
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<Batch> from_worker;
+    for (Batch& b : worker) from_worker.push_back(b);
+    size_t at = 0;
+    for (Batch& b : in_place) {
+      REQUIRE(at < from_worker.size());
+      const Batch& w = from_worker[at++];
+      CHECK(b.index == w.index);
+      CHECK(b.indices == w.indices);
+      REQUIRE(b.input.dtype() == DType::UInt8);
+      REQUIRE(b.input.shape() == kiln::Shape{static_cast<int64_t>(b.indices.size()), 32, 32});
+      const std::vector<uint8_t> bytes = b.input.to_vector<uint8_t>();
+      CHECK(bytes == w.input.to_vector<uint8_t>());
+      CHECK(b.target.to_vector<int64_t>() == w.target.to_vector<int64_t>());
+      // Each row is its example's, whichever thread read it.
+      bool rows_match = true;
+      for (size_t k = 0; k < b.indices.size(); ++k)
+        for (int64_t p = 0; p < 1024; ++p)
+          rows_match = rows_match && bytes[k * 1024 + static_cast<size_t>(p)] == ByteImages::pixel(b.indices[k], p);
+      CHECK(rows_match);
+    }
+    CHECK(at == from_worker.size());
+    CHECK(at == 4);
+  }
+  // A read that throws on one of the threads: the batch's error, after the batches before it.
+  ByteImages broken(150);
+  DataLoader loader(broken, DataLoaderOptions(96).shuffle(false));
+  int delivered = 0;
+  auto run = [&] {
+    for (Batch& b : loader) {
+      (void)b;
+      ++delivered;
+    }
+  };
+  REQUIRE_THROWS_WITH(run(), Contains("gathering batch 1") && Contains("bad sector"));
+  CHECK(delivered == 1);
+}
+
 TEST_CASE("DataLoader: breaking out of the loop early is clean", "[data]") {
-  TensorDataset dataset = numbered_dataset(1000);
+  TensorDataset numbered = numbered_dataset(1000);
+  FromFiles dataset(numbered);
   DataLoader loader(dataset, DataLoaderOptions(8).seed(5).prefetch(4));
   auto full = [&] {
     DataLoader fresh(dataset, DataLoaderOptions(8).seed(5));
@@ -285,22 +382,24 @@ TEST_CASE("DataLoader: breaking out of the loop early is clean", "[data]") {
 TEST_CASE("DataLoader: errors in the worker reach the loop as kiln::Error", "[data]") {
   for (int prefetch : {0, 2}) {
     for (bool kiln_error : {false, true}) {
-      CAPTURE(prefetch, kiln_error);
-      FailingDataset dataset(kiln_error);
-      DataLoader loader(dataset, DataLoaderOptions(4).shuffle(false).prefetch(prefetch));
-      int delivered = 0;
-      auto run = [&] {
-        for (Batch& b : loader) {
-          (void)b;
-          ++delivered;
+      for (bool in_memory : {false, true}) {
+        CAPTURE(prefetch, kiln_error, in_memory);
+        FailingDataset dataset(kiln_error, in_memory);
+        DataLoader loader(dataset, DataLoaderOptions(4).shuffle(false).prefetch(prefetch));
+        int delivered = 0;
+        auto run = [&] {
+          for (Batch& b : loader) {
+            (void)b;
+            ++delivered;
+          }
+        };
+        if (kiln_error) {
+          REQUIRE_THROWS_WITH(run(), Contains("FailingDataset") && Contains("example 17 is unreadable"));
+        } else {
+          REQUIRE_THROWS_AS(run(), kiln::Error);
         }
-      };
-      if (kiln_error) {
-        REQUIRE_THROWS_WITH(run(), Contains("FailingDataset") && Contains("example 17 is unreadable"));
-      } else {
-        REQUIRE_THROWS_AS(run(), kiln::Error);
+        CHECK(delivered == 4);  // batches 0..3 arrive; batch 4 holds example 17
       }
-      CHECK(delivered == 4);  // batches 0..3 arrive; batch 4 holds example 17
     }
   }
   FailingDataset dataset(false);

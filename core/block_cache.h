@@ -90,4 +90,26 @@ struct PooledAllocator {
   bool operator==(const PooledAllocator<U>&) const { return true; }
 };
 
+// An allocator for short arrays, a node's inputs: up to kShort elements (what a std::vector
+// reserves for one, two or three inputs) take one BlockCache block, longer arrays the heap.
+// Recording an op then costs no malloc for its inputs, nor freeing it a free.
+template <class T>
+struct ShortArrayAllocator {
+  static constexpr size_t kShort = 4;
+  static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__);
+  using value_type = T;
+  ShortArrayAllocator() = default;
+  template <class U>
+  ShortArrayAllocator(const ShortArrayAllocator<U>&) {}
+  T* allocate(size_t n) {
+    return n <= kShort ? static_cast<T*>(BlockCache<kShort * sizeof(T)>::take()) : std::allocator<T>().allocate(n);
+  }
+  void deallocate(T* p, size_t n) {
+    if (n <= kShort) BlockCache<kShort * sizeof(T)>::give(p);
+    else std::allocator<T>().deallocate(p, n);
+  }
+  template <class U>
+  bool operator==(const ShortArrayAllocator<U>&) const { return true; }
+};
+
 }  // namespace kiln

@@ -39,6 +39,8 @@ bool compressing_activations();
 bool recording_backward();
 class GradientReducer;  // core/autograd.h
 using NodePtr = std::shared_ptr<Node>;
+// A node's inputs: a std::vector whose few elements live in recycled blocks (core/block_cache.h).
+using NodeInputs = std::vector<NodePtr, ShortArrayAllocator<NodePtr>>;
 
 // One kiln::checkpoint call (memory/recompute.h): the nodes its function recorded (ids strictly
 // between first_id and last_id) lie between `inputs` and `outputs`; autograd recomputes them
@@ -59,7 +61,7 @@ struct Node : std::enable_shared_from_this<Node> {
   DType dtype = DType::Float32;
   Device device;
   Shape shape;
-  std::vector<NodePtr> inputs;
+  NodeInputs inputs;
   std::vector<int64_t> ints;  // attributes: axes (reduce), perm, slice starts+steps, pad before+after
   double scalar = 0;          // Full: the value (bound at run time, not part of the plan key)
   uint64_t seed = 0;          // Rand*: Philox key; Rand* counter base is `offset` (both bound at run time)

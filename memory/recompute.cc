@@ -38,7 +38,7 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
 
 namespace memory {
 
-NodePtr recompute_copy(const Node& node, std::vector<NodePtr> inputs) {
+NodePtr recompute_copy(const Node& node, NodeInputs inputs) {
   auto copy = new_node();
   copy->op = node.op;
   copy->dtype = node.dtype;
@@ -82,7 +82,7 @@ void recompute_segment(const CheckpointSegment& segment, std::unordered_map<Node
     }
   }
   for (Node* node : order) {
-    std::vector<NodePtr> inputs_of_copy;
+    NodeInputs inputs_of_copy;
     for (const NodePtr& in : node->inputs) inputs_of_copy.push_back(inside(in.get()) ? copies.at(in.get()) : in);
     copies[node] = recompute_copy(*node, std::move(inputs_of_copy));
   }
@@ -282,7 +282,7 @@ RecomputeRewrite apply_recompute(const std::vector<NodePtr>& nodes, const std::v
     }
     for (size_t i = 0; i < last; ++i) {
       if (!needs_copy[i]) continue;
-      std::vector<NodePtr> inputs;
+      NodeInputs inputs;
       for (const NodePtr& in : nodes[i]->inputs) {
         int p = index.of(in.get());
         inputs.push_back(p >= 0 && needs_copy[p] ? copy[p] : in);

@@ -37,7 +37,7 @@ namespace memory {
 
 // A copy of `node` (op, dtype, shape, attributes, scalar, Philox seed and offset) reading
 // `inputs`, marked `recompute` so the executor computes it as late as it can.
-NodePtr recompute_copy(const Node& node, std::vector<NodePtr> inputs);
+NodePtr recompute_copy(const Node& node, NodeInputs inputs);
 
 // Copies the inside of `segment` for the backward into `copies` (original -> copy); nodes
 // already there keep their copy (an enclosing segment made it).

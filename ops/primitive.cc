@@ -8,7 +8,7 @@
 
 namespace kiln::prim {
 
-Tensor make(Op op, DType dtype, Shape shape, std::vector<Tensor> inputs, std::vector<int64_t> ints) {
+Tensor make(Op op, DType dtype, Shape shape, TensorInputs inputs, std::vector<int64_t> ints) {
   return finish(record(op, dtype, std::move(shape), std::move(inputs), std::move(ints)));
 }
 
@@ -51,7 +51,7 @@ Tensor follow(const Tensor& t, Device device) {
   return generated_only(*t.node()) ? Tensor(regenerate_on(t.node(), device)) : t.to(device);
 }
 
-Tensor record(Op op, DType dtype, Shape shape, std::vector<Tensor> inputs, std::vector<int64_t> ints) {
+Tensor record(Op op, DType dtype, Shape shape, TensorInputs inputs, std::vector<int64_t> ints) {
   if (inputs.size() > 1) {
     Device device = inputs[0].device();
     bool mixed = false;
@@ -271,7 +271,7 @@ Tensor all_reduce(const std::vector<Tensor>& parts, int64_t op, int64_t world, i
                "the tensors of one all-reduce share a dtype and a device; got {} and {}", parts[0].str(), p.str());
     total += p.numel();
   }
-  return make(Op::AllReduce, parts[0].dtype(), {total}, parts, {op, world, 0, group});
+  return make(Op::AllReduce, parts[0].dtype(), {total}, TensorInputs(parts.begin(), parts.end()), {op, world, 0, group});
 }
 
 Tensor quantized_matmul(const Tensor& a, const Tensor& b) {

@@ -6,11 +6,14 @@
 
 namespace kiln::prim {
 
+// The operands of one recorded op, held in a recycled block (core/block_cache.h): no malloc per op.
+using TensorInputs = std::vector<Tensor, ShortArrayAllocator<Tensor>>;
+
 // Records `op` over `inputs`; marks requires_grad and realizes at once in eager mode.
-Tensor make(Op op, DType dtype, Shape shape, std::vector<Tensor> inputs, std::vector<int64_t> ints = {});
+Tensor make(Op op, DType dtype, Shape shape, TensorInputs inputs, std::vector<int64_t> ints = {});
 // As make, without the eager realize, for nodes whose attributes are set after recording;
 // finish() then realizes in eager mode.
-Tensor record(Op op, DType dtype, Shape shape, std::vector<Tensor> inputs, std::vector<int64_t> ints = {});
+Tensor record(Op op, DType dtype, Shape shape, TensorInputs inputs, std::vector<int64_t> ints = {});
 Tensor finish(Tensor t);
 
 Tensor full(Shape shape, double value, DType dtype);

@@ -70,46 +70,38 @@ class BlockCache {
   }
 };
 
-// An allocator for std::allocate_shared: single objects (the control block with the value in it)
-// come from BlockCache, arrays from the heap.
-template <class T>
-struct PooledAllocator {
+// An allocator whose arrays of up to `Short` elements take one BlockCache block (sized for
+// `Short`), longer arrays the heap.
+template <class T, size_t Short>
+struct BlockAllocator {
   static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__);
+  static constexpr size_t kShort = Short;
   using value_type = T;
-  PooledAllocator() = default;
   template <class U>
-  PooledAllocator(const PooledAllocator<U>&) {}
+  struct rebind {
+    using other = BlockAllocator<U, Short>;
+  };
+  BlockAllocator() = default;
+  template <class U>
+  BlockAllocator(const BlockAllocator<U, Short>&) {}
   T* allocate(size_t n) {
-    return n == 1 ? static_cast<T*>(BlockCache<sizeof(T)>::take()) : std::allocator<T>().allocate(n);
+    return n <= Short ? static_cast<T*>(BlockCache<Short * sizeof(T)>::take()) : std::allocator<T>().allocate(n);
   }
   void deallocate(T* p, size_t n) {
-    if (n == 1) BlockCache<sizeof(T)>::give(p);
+    if (n <= Short) BlockCache<Short * sizeof(T)>::give(p);
     else std::allocator<T>().deallocate(p, n);
   }
   template <class U>
-  bool operator==(const PooledAllocator<U>&) const { return true; }
+  bool operator==(const BlockAllocator<U, Short>&) const { return true; }
 };
 
-// An allocator for short arrays, a node's inputs: up to kShort elements (what a std::vector
-// reserves for one, two or three inputs) take one BlockCache block, longer arrays the heap.
-// Recording an op then costs no malloc for its inputs, nor freeing it a free.
+// For std::allocate_shared: single objects (the control block with the value in it).
 template <class T>
-struct ShortArrayAllocator {
-  static constexpr size_t kShort = 4;
-  static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__);
-  using value_type = T;
-  ShortArrayAllocator() = default;
-  template <class U>
-  ShortArrayAllocator(const ShortArrayAllocator<U>&) {}
-  T* allocate(size_t n) {
-    return n <= kShort ? static_cast<T*>(BlockCache<kShort * sizeof(T)>::take()) : std::allocator<T>().allocate(n);
-  }
-  void deallocate(T* p, size_t n) {
-    if (n <= kShort) BlockCache<kShort * sizeof(T)>::give(p);
-    else std::allocator<T>().deallocate(p, n);
-  }
-  template <class U>
-  bool operator==(const ShortArrayAllocator<U>&) const { return true; }
-};
+using PooledAllocator = BlockAllocator<T, 1>;
+// For short arrays, a node's inputs: up to four elements (what a std::vector reserves for one,
+// two or three inputs) in one block. Recording an op then costs no malloc for its inputs, nor
+// freeing it a free.
+template <class T>
+using ShortArrayAllocator = BlockAllocator<T, 4>;
 
 }  // namespace kiln

@@ -84,11 +84,14 @@ struct BlockAllocator {
   BlockAllocator() = default;
   template <class U>
   BlockAllocator(const BlockAllocator<U, Short>&) {}
+  // Sanitizer builds take every array from the heap at its exact size: an index past a node's
+  // last input then reaches a redzone, as it did before the blocks.
   T* allocate(size_t n) {
-    return n <= Short ? static_cast<T*>(BlockCache<Short * sizeof(T)>::take()) : std::allocator<T>().allocate(n);
+    if (kPoolBlocks && n <= Short) return static_cast<T*>(BlockCache<Short * sizeof(T)>::take());
+    return std::allocator<T>().allocate(n);
   }
   void deallocate(T* p, size_t n) {
-    if (n <= Short) BlockCache<Short * sizeof(T)>::give(p);
+    if (kPoolBlocks && n <= Short) BlockCache<Short * sizeof(T)>::give(p);
     else std::allocator<T>().deallocate(p, n);
   }
   template <class U>

@@ -106,7 +106,7 @@ Tensor written_on_host(DType dtype, Shape shape, const std::function<void(void* 
   node->shape = std::move(shape);
   node->device = Device::cpu();
   node->storage = memory::allocate_storage(node->nbytes(), node->device);
-  if (node->nbytes() > 0) write(node->storage->data);
+  write(node->storage->data);  // also for no bytes: a caller may fill other buffers in it
   Tensor t(std::move(node));
   return flags().use_cuda ? to_device(t, Device::cuda(0)) : t;
 }
@@ -114,7 +114,9 @@ Tensor written_on_host(DType dtype, Shape shape, const std::function<void(void* 
 namespace {
 Tensor realized_from_bytes(const void* bytes, DType dtype, Shape shape) {
   const size_t size = static_cast<size_t>(numel(shape)) * dtype_size(dtype);
-  return written_on_host(dtype, std::move(shape), [&](void* out) { std::memcpy(out, bytes, size); });
+  return written_on_host(dtype, std::move(shape), [&](void* out) {
+    if (size > 0) std::memcpy(out, bytes, size);
+  });
 }
 }  // namespace
 

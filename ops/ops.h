@@ -36,9 +36,10 @@ Tensor multinomial(const Tensor& probs, int64_t samples = 1);
 void manual_seed(uint64_t seed);
 // Copies host data into a new realized tensor.
 template <typename T> Tensor from_vector(const std::vector<T>& values, Shape shape);
-// A new realized tensor whose numel(shape) * dtype_size(dtype) bytes `write` fills in host memory
-// (moved to cuda:0 afterwards when KILN_DEVICE is cuda, as from_vector's): data gathered straight
-// into the tensor, with no copy in between (the DataLoader's batches).
+// A new realized tensor whose numel(shape) * dtype_size(dtype) bytes `write` fills in host memory,
+// called once, also when there are none: data gathered straight into the
+// tensor, with no copy in between (the DataLoader's batches). With KILN_USE_CUDA the tensor is
+// then copied to cuda:0, as from_vector's is.
 Tensor written_on_host(DType dtype, Shape shape, const std::function<void(void* bytes)>& write);
 // A realized copy of t on `device` (t itself when it is there); see Tensor::to.
 Tensor to_device(const Tensor& t, Device device);

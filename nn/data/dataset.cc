@@ -9,8 +9,11 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <omp.h>
 #include <thread>
+#include <typeinfo>
 
+#include "core/flags.h"
 #include "ops/ops.h"
 
 namespace kiln::nn::data {
@@ -75,6 +78,8 @@ TensorDataset::TensorDataset(const Tensor& inputs, const Tensor& targets) {
   targets_ = targets.cast(DType::Int64).to_vector<int64_t>();
 }
 
+bool TensorDataset::reads_from_memory() const { return typeid(*this) == typeid(TensorDataset); }
+
 void TensorDataset::read(int64_t index, float* input, int64_t* target) const {
   int64_t per_input = numel(input_shape_), per_target = numel(target_shape_);
   std::memcpy(input, inputs_.data() + index * per_input, per_input * sizeof(float));
@@ -137,7 +142,11 @@ class EpochRun {
   // The next batch as tensors, or null at the end of the epoch.
   std::shared_ptr<Batch> next() {
     if (delivered_ >= num_batches_) return nullptr;
-    if (dataset_.reads_from_memory()) return gather_in_place(delivered_++);
+    if (dataset_.reads_from_memory()) {
+      std::shared_ptr<Batch> batch = gather_in_place(delivered_);
+      ++delivered_;  // after the batch: one that failed is read again by the next ++, as prefetch(0) does
+      return batch;
+    }
     HostBatch host;
     if (!worker_.joinable()) {
       try {
@@ -181,7 +190,10 @@ class EpochRun {
     const int64_t per_input = numel(dataset_.input_shape()), per_target = numel(dataset_.target_shape());
     const bool bytes = dataset_.input_dtype() == DType::UInt8;  // a gather of bytes: a quarter of the floats
     std::exception_ptr error;
-#pragma omp parallel for schedule(static) if (threads)
+    // KILN_NUM_THREADS bounds these threads as it does the kernels' (the executor sets OpenMP's
+    // count only when a plan runs: the first batch comes before).
+    const int team = flags().num_threads > 0 ? flags().num_threads : omp_get_max_threads();
+#pragma omp parallel for schedule(static) num_threads(team) if (threads && team > 1)
     for (int64_t k = 0; k < count; ++k) {
       try {
         if (bytes)
@@ -216,7 +228,8 @@ class EpochRun {
   }
 
   // A batch of a dataset held in memory, read into its input tensor's own storage by every
-  // thread: each thread's rows then sit in its cache for the first kernel that reads them.
+  // thread (one, below a few pages): on the CPU, each thread's rows then sit in its cache for the
+  // first kernel that reads them (with KILN_USE_CUDA the tensor is then copied to cuda:0).
   std::shared_ptr<Batch> gather_in_place(int64_t batch_index) const {
     const auto [start, stop] = span(batch_index);
     auto batch = std::make_shared<Batch>();

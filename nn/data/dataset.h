@@ -28,8 +28,9 @@ struct Example {
   Tensor target;
 };
 
-// Random access to N examples. read() is called from the loader's background thread, so it must
-// be safe to call concurrently with other const member functions (plain reads of held data are).
+// Random access to N examples. read() is called from the loader's background thread, or (where
+// reads_from_memory) from several threads at once, so it must be safe to call concurrently with
+// other const member functions and itself (plain reads of held data are).
 class Dataset {
  public:
   virtual ~Dataset() = default;
@@ -67,7 +68,9 @@ class TensorDataset : public Dataset {
   Shape input_shape() const override { return input_shape_; }
   Shape target_shape() const override { return target_shape_; }
   void read(int64_t index, float* input, int64_t* target) const override;
-  bool reads_from_memory() const override { return true; }
+  // True for a TensorDataset itself; a subclass (whose read() may augment, draw numbers, ...)
+  // keeps the worker thread unless it says otherwise.
+  bool reads_from_memory() const override;
 
  private:
   std::vector<float> inputs_;    // (N, input_shape...)

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <typeinfo>
 
 #include <fmt/ranges.h>
 
@@ -191,6 +192,8 @@ FashionMnist::FashionMnist(const std::string& dir, Split split, FashionMnistOpti
 Shape FashionMnist::input_shape() const {
   return options_.image_shape_ ? Shape{1, kRows, kCols} : Shape{kRows * kCols};
 }
+
+bool FashionMnist::reads_from_memory() const { return typeid(*this) == typeid(FashionMnist); }
 
 void FashionMnist::read_bytes(int64_t index, uint8_t* input, int64_t* target) const {
   std::memcpy(input, pixels_.data() + index * kRows * kCols, kRows * kCols);

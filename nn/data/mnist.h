@@ -64,7 +64,7 @@ class FashionMnist : public Dataset {
   void read(int64_t index, float* input, int64_t* target) const override;
   DType input_dtype() const override { return options_.bytes_ ? DType::UInt8 : DType::Float32; }
   void read_bytes(int64_t index, uint8_t* input, int64_t* target) const override;
-  bool reads_from_memory() const override { return true; }
+  bool reads_from_memory() const override;  // as TensorDataset's: true for this class itself
   // A batch of pixel bytes (any shape) as the floats read() gives, bit for bit: x * scale + shift
   // with read()'s float scale and shift, recorded lazily (it fuses into the step's first kernel).
   Tensor to_float(const Tensor& bytes) const;

@@ -12,10 +12,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -138,14 +140,25 @@ class ByteImages : public Dataset {
   DType input_dtype() const override { return DType::UInt8; }
   void read(int64_t, float*, int64_t*) const override { FAIL("ByteImages hands out bytes"); }
   void read_bytes(int64_t index, uint8_t* input, int64_t* target) const override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      readers_.insert(std::this_thread::get_id());
+    }
     if (index == unreadable_) throw std::runtime_error("bad sector");
     for (int64_t at = 0; at < 1024; ++at) input[at] = pixel(index, at);
     target[0] = index, target[1] = -index;
   }
   bool reads_from_memory() const override { return true; }
+  // The threads that have read an example.
+  std::set<std::thread::id> readers() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return readers_;
+  }
 
  private:
   int64_t unreadable_;  // an example whose read throws (-1: none)
+  mutable std::mutex mutex_;
+  mutable std::set<std::thread::id> readers_;
 };
 
 // Reads example `index` and throws at one bad index: a dataset whose worker fails mid-epoch.
@@ -308,8 +321,8 @@ TEST_CASE("DataLoader: the background thread delivers what a synchronous pass do
 }
 
 TEST_CASE("DataLoader: a dataset in memory is read into each batch by every thread", "[data]") {
-  ByteImages images;
-  FromFiles files(images);
+  ByteImages images, images_on_disk;
+  FromFiles files(images_on_disk);
   // 96 KiB batches, split over the threads; a last partial batch of 12.
   DataLoader in_place(images, DataLoaderOptions(96).seed(3)), worker(files, DataLoaderOptions(96).seed(3));
   for (int epoch = 0; epoch < 2; ++epoch) {
@@ -336,6 +349,17 @@ TEST_CASE("DataLoader: a dataset in memory is read into each batch by every thre
     CHECK(at == from_worker.size());
     CHECK(at == 4);
   }
+  // The loop's own thread reads the dataset in memory (with OpenMP's others); only the worker
+  // reads the one "from files".
+  CHECK(images.readers().count(std::this_thread::get_id()) == 1);
+  CHECK(images_on_disk.readers().size() >= 1);
+  CHECK(images_on_disk.readers().count(std::this_thread::get_id()) == 0);
+  // A subclass may read otherwise (augment, draw numbers): it keeps the worker unless it says so.
+  struct Augmented : TensorDataset {
+    using TensorDataset::TensorDataset;
+  };
+  CHECK(numbered_dataset(3).reads_from_memory());
+  CHECK_FALSE(Augmented(std::vector<float>{1, 2}, {1}, std::vector<int64_t>{0, 1}).reads_from_memory());
   // A read that throws on one of the threads: the batch's error, after the batches before it.
   ByteImages broken(150);
   DataLoader loader(broken, DataLoaderOptions(96).shuffle(false));

@@ -117,7 +117,10 @@ struct HostBatch {
 class EpochRun {
  public:
   EpochRun(const Dataset& dataset, const DataLoaderOptions& options, int64_t epoch, int64_t num_batches)
-      : dataset_(dataset), options_(options), num_batches_(num_batches) {
+      : dataset_(dataset),
+        options_(options),
+        num_batches_(num_batches),
+        in_place_(dataset.reads_from_memory()) {
     int64_t n = dataset.size();
     if (options.shuffle_) {
       order_ = epoch_order(n, options.seed_, epoch);
@@ -126,7 +129,7 @@ class EpochRun {
       for (int64_t i = 0; i < n; ++i) order_[i] = i;
     }
     order_ = shard_order(order_, options.sampler_);
-    if (options_.prefetch_ > 0 && num_batches_ > 0 && !dataset.reads_from_memory())
+    if (options_.prefetch_ > 0 && num_batches_ > 0 && !in_place_)
       worker_ = std::thread([this] { work(); });
   }
 
@@ -142,7 +145,7 @@ class EpochRun {
   // The next batch as tensors, or null at the end of the epoch.
   std::shared_ptr<Batch> next() {
     if (delivered_ >= num_batches_) return nullptr;
-    if (dataset_.reads_from_memory()) {
+    if (in_place_) {
       std::shared_ptr<Batch> batch = gather_in_place(delivered_);
       ++delivered_;  // after the batch: one that failed is read again by the next ++, as prefetch(0) does
       return batch;
@@ -290,6 +293,7 @@ class EpochRun {
   const Dataset& dataset_;
   DataLoaderOptions options_;
   int64_t num_batches_;
+  const bool in_place_;         // Dataset::reads_from_memory: batches read on the caller, into their tensors
   std::vector<int64_t> order_;  // (N) dataset index at each position of this epoch
   int64_t delivered_ = 0;       // batches handed to the consumer (consumer thread only)
 

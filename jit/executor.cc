@@ -165,6 +165,7 @@ struct HostMemoryShort {
 };
 
 std::mutex g_mutex;
+uint64_t g_plan_generation = 0;  // counts clear_plan_cache calls
 // Never destroyed: a CUDA plan's kernels must not be unloaded after the CUDA runtime shut down.
 std::unordered_map<std::string, std::unique_ptr<Plan>>& g_plans = *new std::unordered_map<std::string, std::unique_ptr<Plan>>;
 
@@ -471,26 +472,28 @@ std::unique_ptr<Plan> plan_for_collected(const Plan& plan, const Collected& coll
   return replay;
 }
 
-void run_plan(const Plan& plan, const PendingGraph& graph) {
+// One run's data: per slot the storage of each external (filled in before the run) and of each
+// output (filled in by it), the run-time scalars, and per plan update whether its output may take
+// the old value's buffer.
+struct Bound {
+  std::vector<std::shared_ptr<Storage>> storage;
+  std::vector<double> scalars;
+  std::vector<int64_t> int_scalars;
+  std::vector<char> overwrite;  // per Plan::updates entry
+};
+
+// Runs `plan` on `bound`. Every output is allocated before the first kernel, and nothing is
+// attached to a node here: a run that fails leaves every tensor as it was.
+void run_bound(const Plan& plan, Bound& bound) {
   const Program& s = plan.program;
   const Backend& backend = *plan.backend;
   const Device device = plan.device;
-  std::vector<std::shared_ptr<Storage>> storage(s.slots.size());
+  std::vector<std::shared_ptr<Storage>>& storage = bound.storage;
   std::vector<void*> ptrs(s.slots.size(), nullptr);
   for (size_t i = 0; i < s.slots.size(); ++i)
-    if (s.slots[i].external >= 0) {
-      storage[i] = graph.externals[s.slots[i].external]->storage;
-      ptrs[i] = storage[i]->data;
-    }
-  std::vector<double> scalars;
-  for (int n : s.scalar_nodes) scalars.push_back(graph.nodes[n]->scalar);
-  std::vector<int64_t> int_scalars;
-  for (int n : s.rand_nodes) {
-    int_scalars.push_back(static_cast<int64_t>(graph.nodes[n]->seed));
-    int_scalars.push_back(static_cast<int64_t>(graph.nodes[n]->offset));
-  }
-  scalars.push_back(0);
-  int_scalars.push_back(0);
+    if (s.slots[i].external >= 0) ptrs[i] = storage[i]->data;
+  bound.scalars.push_back(0);
+  bound.int_scalars.push_back(0);
   // Set on every run: num_threads = 0 after a count must give every core back. OpenMP's default
   // (OMP_NUM_THREADS or the cores) is read once, before kiln first changes it.
   static const int all_cores = omp_get_max_threads();
@@ -511,10 +514,9 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
   }
   std::unique_ptr<TransferQueue> transfers = plan.host_memory.arena_bytes > 0 ? backend.transfers(device) : nullptr;
   const bool poison = flags().debug_memory;
-  // Parameter updates in place, where nobody else can see the old value.
-  const std::vector<size_t> keepers = plan.updates.empty() ? std::vector<size_t>{} : history_keepers(graph);
-  for (auto [out, ext] : plan.updates) {
-    if (!old_value_unobserved(graph, s.slots[ext].external, keepers)) continue;
+  for (size_t u = 0; u < plan.updates.size(); ++u) {
+    if (!bound.overwrite[u]) continue;
+    auto [out, ext] = plan.updates[u];
     storage[out] = storage[ext];
     ptrs[out] = ptrs[ext];
   }
@@ -526,7 +528,7 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
                                           device);
     ptrs[i] = storage[i]->data;
   }
-  std::unique_ptr<KernelRun> run = plan.kernels ? plan.kernels->start(scalars, int_scalars) : nullptr;
+  std::unique_ptr<KernelRun> run = plan.kernels ? plan.kernels->start(bound.scalars, bound.int_scalars) : nullptr;
 
   // Collectives in flight: started where the schedule put them, waited for before the first
   // kernel that reads (or overwrites) their buffer, and all of them before the run ends.
@@ -570,20 +572,42 @@ void run_plan(const Plan& plan, const PendingGraph& graph) {
     in_flight.abandon();  // the other ranks finish their part; nothing here reads the results
     throw;
   }
+}
+
+// Autograd stops at gradient leaves, so they never need their history (an assigned parameter
+// would otherwise hold every previous training step); nor do nodes a backward pass has already
+// gone through.
+void drop_history(Node& node) {
+  if (!node.requires_grad || node.grad_leaf || node.backward_done) node.inputs.clear();
+}
+
+void run_plan(const Plan& plan, const PendingGraph& graph) {
+  const Program& s = plan.program;
+  Bound bound;
+  bound.storage.resize(s.slots.size());
+  for (size_t i = 0; i < s.slots.size(); ++i)
+    if (s.slots[i].external >= 0) bound.storage[i] = graph.externals[s.slots[i].external]->storage;
+  for (int n : s.scalar_nodes) bound.scalars.push_back(graph.nodes[n]->scalar);
+  for (int n : s.rand_nodes) {
+    bound.int_scalars.push_back(static_cast<int64_t>(graph.nodes[n]->seed));
+    bound.int_scalars.push_back(static_cast<int64_t>(graph.nodes[n]->offset));
+  }
+  // Parameter updates in place, where nobody else can see the old value.
+  const std::vector<size_t> keepers = plan.updates.empty() ? std::vector<size_t>{} : history_keepers(graph);
+  for (auto [out, ext] : plan.updates)
+    bound.overwrite.push_back(old_value_unobserved(graph, s.slots[ext].external, keepers));
+  run_bound(plan, bound);
   // Commit only after every kernel succeeded: a failed run leaves all tensors as they were.
   for (size_t i = 0; i < s.slots.size(); ++i) {
     if (!s.slots[i].output) continue;
     Node* node = graph.nodes[s.slots[i].node].get();
-    node->storage = storage[i];
-    // Autograd stops at gradient leaves, so they never need their history (an assigned
-    // parameter would otherwise hold every previous training step); nor do nodes a backward
-    // pass has already gone through.
-    if (!node->requires_grad || node->grad_leaf || node->backward_done) node->inputs.clear();
+    node->storage = bound.storage[i];
+    drop_history(*node);
   }
   for (const PlanAlias& alias : s.aliases) {
     Node* node = graph.nodes[alias.node].get();
-    node->storage = storage[alias.slot];
-    if (!node->requires_grad || node->grad_leaf || node->backward_done) node->inputs.clear();
+    node->storage = bound.storage[alias.slot];
+    drop_history(*node);
   }
 }
 
@@ -671,7 +695,28 @@ void realize_once(const std::vector<NodePtr>& targets) {
 
 }  // namespace
 
+namespace {
+thread_local CaptureScope* t_capture = nullptr;
+}  // namespace
+
+CaptureScope::CaptureScope() {
+  KILN_CHECK(!t_capture, "CaptureScope", "a capture is already open on this thread; scopes do not nest");
+  t_capture = this;
+}
+CaptureScope::~CaptureScope() { t_capture = nullptr; }
+
 void realize(const std::vector<NodePtr>& targets) {
+  if (CaptureScope* scope = t_capture) {
+    t_capture = nullptr;  // realize_captured realizes through here
+    struct Reopen {
+      CaptureScope* scope;
+      ~Reopen() { t_capture = scope; }
+    } reopen{scope};
+    std::string why;
+    if (std::optional<CapturedRun> run = realize_captured(targets, why)) scope->runs_.push_back(std::move(*run));
+    else if (why != "nothing was pending") scope->why_not_.push_back(std::move(why));
+    return;
+  }
   try {
     realize_once(targets);
   } catch (const HostMemoryShort& short_of) {
@@ -681,6 +726,120 @@ void realize(const std::vector<NodePtr>& targets) {
     flags().offload = "off";
     realize_once(targets);
   }
+}
+
+std::optional<CapturedRun> realize_captured(const std::vector<NodePtr>& targets, std::string& why) {
+  const auto elsewhere = [&](const NodePtr& t) { return t && t->device != targets.front()->device; };
+  if (targets.empty() || std::any_of(targets.begin(), targets.end(), elsewhere)) {
+    why = "its values are on several devices (one plan each)";
+    realize(targets);
+    return std::nullopt;
+  }
+  // The graph as this realize will collect it, and the key of its replay plan.
+  PendingGraph graph;
+  std::string rewired_key;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    graph = collect_compressed(targets);
+    if (flags().plan_cache && passes_may_rewire()) rewired_key = rewire_key(graph);
+  }
+  realize(targets);
+  if (graph.nodes.empty()) {
+    why = "nothing was pending";
+    return std::nullopt;
+  }
+  if (!flags().plan_cache) {
+    why = "the plan cache is off (KILN_PLAN_CACHE=0)";
+    return std::nullopt;
+  }
+  std::lock_guard<std::mutex> lock(g_mutex);
+  const Plan* plan = nullptr;
+  if (auto it = g_rewired_plans.find(rewired_key); !rewired_key.empty() && it != g_rewired_plans.end())
+    plan = it->second.get();
+  if (!plan)
+    if (auto it = g_plans.find(graph.key); it != g_plans.end()) plan = it->second.get();
+  if (!plan) {
+    why = "its plan is not cached for the graph as collected";
+    return std::nullopt;
+  }
+  CapturedRun run;
+  run.plan = plan;
+  run.generation = g_plan_generation;
+  for (const NodePtr& e : graph.externals) run.externals.push_back({e.get(), e->storage->data, e->shape, e->dtype, e->device});
+  for (int n : plan->program.scalar_nodes) {
+    run.scalar_nodes.push_back(graph.nodes[n].get());
+    run.scalars.push_back(graph.nodes[n]->scalar);
+  }
+  for (int n : plan->program.rand_nodes) {
+    run.random_nodes.push_back(graph.nodes[n].get());
+    run.random.emplace_back(graph.nodes[n]->seed, graph.nodes[n]->offset);
+  }
+  auto add_output = [&](int position) {
+    const Node& n = *graph.nodes[position];
+    run.outputs.push_back(&n);
+    NodePtr copy = new_node(n);
+    copy->inputs.clear();
+    copy->storage.reset();
+    copy->replaces.reset();
+    copy->segment.reset();
+    copy->held = 0;
+    run.prototypes.push_back(std::move(copy));
+  };
+  for (const PlanSlot& slot : plan->program.slots)
+    if (slot.output) add_output(slot.node);
+  for (const PlanAlias& alias : plan->program.aliases) add_output(alias.node);
+  return run;
+}
+
+std::vector<NodePtr> replay(const CapturedRun& run, ReplayBindings bindings) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  KILN_CHECK(run.generation == g_plan_generation, "replay",
+             "the captured plan was dropped (clear_plan_cache); capture the step again");
+  const Plan& plan = *run.plan;
+  const Program& s = plan.program;
+  KILN_CHECK(bindings.externals.size() == run.externals.size() && bindings.scalars.size() == run.scalars.size() &&
+                 bindings.random.size() == run.random.size(),
+             "replay", "{} values, {} scalars and {} random keys bound where the captured run bound {}, {} and {}",
+             bindings.externals.size(), bindings.scalars.size(), bindings.random.size(), run.externals.size(),
+             run.scalars.size(), run.random.size());
+  for (size_t e = 0; e < run.externals.size(); ++e) {
+    const NodePtr& value = bindings.externals[e];
+    const CapturedRun::Value& was = run.externals[e];
+    KILN_CHECK(value && value->realized(), "replay", "value {} of the step is not realized; sync it first", e);
+    KILN_CHECK(value->shape == was.shape && value->dtype == was.dtype && value->device == was.device, "replay",
+               "value {} is {} {} on {} where the captured step read {} {} on {}; capture the step again for other "
+               "shapes", e, dtype_name(value->dtype), shape_str(value->shape), value->device.str(),
+               dtype_name(was.dtype), shape_str(was.shape), was.device.str());
+  }
+  Bound bound;
+  bound.storage.resize(s.slots.size());
+  for (size_t i = 0; i < s.slots.size(); ++i)
+    if (s.slots[i].external >= 0) bound.storage[i] = bindings.externals[s.slots[i].external]->storage;
+  bound.scalars = std::move(bindings.scalars);
+  for (auto [seed, offset] : bindings.random) {
+    bound.int_scalars.push_back(static_cast<int64_t>(seed));
+    bound.int_scalars.push_back(static_cast<int64_t>(offset));
+  }
+  // The old value is unobserved where only `bindings` and one Var (the one the caller points at
+  // the result) hold it, and its buffer only that node and the binding table.
+  for (auto [out, ext] : plan.updates) {
+    const NodePtr& old = bindings.externals[s.slots[ext].external];
+    bound.overwrite.push_back(old->held <= 1 && old.use_count() <= 1 + old->held && old->storage.use_count() == 2);
+  }
+  run_bound(plan, bound);
+  std::vector<NodePtr> results;
+  results.reserve(run.prototypes.size());
+  auto result = [&](size_t i, int slot) {
+    NodePtr n = new_node(*run.prototypes[i]);
+    n->id = Node::next_id();
+    n->storage = bound.storage[static_cast<size_t>(slot)];
+    results.push_back(std::move(n));
+  };
+  size_t i = 0;
+  for (size_t slot = 0; slot < s.slots.size(); ++slot)
+    if (s.slots[slot].output) result(i++, static_cast<int>(slot));
+  for (const PlanAlias& alias : s.aliases) result(i++, alias.slot);
+  return results;
 }
 
 Program lower_for(const std::vector<NodePtr>& targets) {
@@ -705,6 +864,7 @@ memory::PlanLayout last_plan_memory() {
 
 void clear_plan_cache() {
   std::lock_guard<std::mutex> lock(g_mutex);
+  ++g_plan_generation;      // captured runs (realize_captured) refer to these plans
   g_rewired_plans.clear();  // first: its copies share the kernels of plans in g_plans
   g_plans.clear();
   g_recompute_choices.clear();

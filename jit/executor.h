@@ -2,7 +2,9 @@
 // (schedule, kernels, memory plan, compiled code) keyed by the graph's structure, binds this
 // run's data and runs it. A repeated training step hits the plan cache and skips everything else.
 #pragma once
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/node.h"
@@ -12,6 +14,8 @@
 #include "memory/profile.h"
 
 namespace kiln::jit {
+
+struct Plan;  // jit/plan.h
 
 void realize(const std::vector<NodePtr>& targets);
 
@@ -27,6 +31,68 @@ struct ScheduledGraph {
   Schedule schedule;
 };
 ScheduledGraph schedule_for(const std::vector<NodePtr>& targets);
+
+// A realize kept for replay: a training step recorded once and then run again on new values
+// without recording it. The plan it ran (owned by the plan cache) and, in each of the plan's
+// binding orders, the node it bound. The addresses identify the captured run's nodes only while
+// their owners hold them: nothing here keeps a value alive, so a capture neither pins the step's
+// memory nor keeps an update from running in place.
+struct CapturedRun {
+  struct Value {
+    const Node* node;  // identity at capture
+    const void* data;  // its buffer's (a realized node may share another's buffer: autocast's copies)
+    Shape shape;
+    DType dtype;
+    Device device;
+  };
+  const Plan* plan = nullptr;
+  uint64_t generation = 0;                     // the plan cache's, when captured
+  std::vector<Value> externals;                // the realized values it read
+  std::vector<const Node*> scalar_nodes;       // Full nodes whose values it bound
+  std::vector<double> scalars;                 //   and those values
+  std::vector<const Node*> random_nodes;       // Rand* nodes whose seed and offset it bound
+  std::vector<std::pair<uint64_t, uint64_t>> random;  //   and those
+  std::vector<const Node*> outputs;            // the nodes it gave values to
+  std::vector<NodePtr> prototypes;             // per output: a copy without inputs or storage
+};
+
+// realize(targets), kept for replay; nullopt, with the reason in `why`, where the run cannot be
+// replayed (targets on several devices, the plan cache off, nothing pending). Either way the
+// targets are realized.
+std::optional<CapturedRun> realize_captured(const std::vector<NodePtr>& targets, std::string& why);
+
+// While one lives on a thread, every realize that thread makes (its own, an optimizer's step, a
+// sync) is kept for replay: runs() in the order they ran, and why_not() for those that cannot be
+// replayed. Scopes do not nest.
+class CaptureScope {
+ public:
+  CaptureScope();
+  ~CaptureScope();
+  CaptureScope(const CaptureScope&) = delete;
+  CaptureScope& operator=(const CaptureScope&) = delete;
+  const std::vector<CapturedRun>& runs() const { return runs_; }
+  const std::vector<std::string>& why_not() const { return why_not_; }
+
+ private:
+  friend void realize(const std::vector<NodePtr>& targets);
+  std::vector<CapturedRun> runs_;
+  std::vector<std::string> why_not_;
+};
+
+// A replay's values, in the CapturedRun's orders: each external realized, of the captured shape,
+// dtype and device.
+struct ReplayBindings {
+  std::vector<NodePtr> externals;
+  std::vector<double> scalars;
+  std::vector<std::pair<uint64_t, uint64_t>> random;
+};
+
+// Runs the captured plan on `bindings`: the results, in CapturedRun::outputs order, as new
+// realized nodes (the prototypes' op, type and autograd marks; no inputs). A parameter update
+// writes over its old value's buffer only where `bindings` and at most one Var hold that value,
+// so the caller points that Var at the result. An Error (a binding of another type, a plan the
+// cache dropped, a failed kernel) leaves every value as it was.
+std::vector<NodePtr> replay(const CapturedRun& run, ReplayBindings bindings);
 
 // The memory layout of the plan the most recent realize call ran.
 memory::PlanLayout last_plan_memory();

@@ -16,14 +16,10 @@
 // "bf16 >= 2.5x float32").
 #include <kiln/kiln.h>
 
-#include "core/node.h"
-#include "jit/executor.h"
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <fmt/format.h>
-#include <memory>
 #include <optional>
 #include <vector>
 
@@ -59,18 +55,21 @@ struct Training {
         y(kiln::cast(kiln::floor(kiln::rand({batch}) * 10.0), kiln::DType::Int64).realize()) {
     for (int i = 0; i < 3; ++i) step();
   }
-  // The step, recorded and run; returns the loss (realized with the step).
-  Tensor record() {
-    Tensor loss;
-    {
-      std::optional<kiln::AutocastGuard> autocast;
-      if (amp != kiln::DType::Float32) autocast.emplace(amp);
-      loss = nn::cross_entropy(model.forward(x), y);
-    }
-    opt.step(loss);
-    return loss;
+  // The step's loss, recorded (the forward under autocast where asked for).
+  Tensor loss() {
+    std::optional<kiln::AutocastGuard> autocast;
+    if (amp != kiln::DType::Float32) autocast.emplace(amp);
+    return nn::cross_entropy(model.forward(x), y);
   }
-  void step();
+  void step() {
+    if (replayed) {
+      (*replayed)({x, y})[0].item();
+      return;
+    }
+    Tensor l = loss();
+    opt.step(l);
+    l.item();
+  }
   // Median milliseconds per step over steps until `seconds` have passed (at least 5, at most 500).
   double step_ms(double seconds) {
     std::vector<double> ms;
@@ -87,92 +86,8 @@ struct Training {
   Mlp model;
   kiln::optim::SGD opt;
   Tensor x, y;
-  std::unique_ptr<class Replayed> replayed;  // steps replayed, not recorded (--replay)
+  std::optional<kiln::optim::TrainStep> replayed;  // steps replayed, not recorded (--replay)
 };
-
-// The Training's step captured once (jit::CaptureScope) and then replayed (jit::replay): the
-// step's plan runs on the current parameters, momentum buffers and autocast copies with nothing
-// recorded. What a replayed step costs, measured on this benchmark's step only: its batch is
-// fixed and its scalars do not change after SGD's first step (constant lr), so the captured
-// scalars are this step's; each external and output is matched to its variable by node.
-class Replayed {
- public:
-  explicit Replayed(Training& t) : t_(t) {
-    for (const Tensor& p : t.model.parameters()) vars_.push_back(kiln::TensorAccess::var(p));
-    // (state() also lists each step count, as a new scalar tensor: not the optimizer's variable.)
-    for (const auto& [name, s] : t.opt.state())
-      if (s.is_realized()) vars_.push_back(kiln::TensorAccess::var(s));
-    // By buffer: a forward reads an autocast copy through a node of its own sharing the copy's buffer.
-    std::vector<const void*> before, low_before;
-    for (const auto& v : vars_) {
-      KILN_CHECK(v->node->realized() && (!v->low_copy || v->low_copy->realized()), "bench_scaling --replay",
-                 "a parameter or its autocast copy is pending before the step");
-      before.push_back(v->node->storage->data);
-      low_before.push_back(v->low_copy && v->low_copy_of.lock() == v->node ? v->low_copy->storage->data : nullptr);
-    }
-    std::optional<kiln::jit::CaptureScope> scope(std::in_place);
-    Tensor loss = t.record();
-    KILN_CHECK(scope->runs().size() == 1 && scope->why_not().empty(), "bench_scaling --replay",
-               "the step made {} replayable realizes ({} not): expected one", scope->runs().size(),
-               scope->why_not().size());
-    run_ = scope->runs()[0];
-    scope.reset();
-    auto find = [](const auto& in, const auto* n) {
-      return static_cast<int>(std::find(in.begin(), in.end(), n) - in.begin());
-    };
-    for (const auto& e : run_.externals) {
-      if (e.node == t.x.node().get()) sources_.push_back({Source::Constant, 0, t.x.node()});
-      else if (e.node == t.y.node().get()) sources_.push_back({Source::Constant, 0, t.y.node()});
-      else if (int i = find(before, e.data); i < static_cast<int>(vars_.size())) sources_.push_back({Source::Value, i, {}});
-      else if (int j = find(low_before, e.data); j < static_cast<int>(vars_.size())) sources_.push_back({Source::Low, j, {}});
-      else KILN_CHECK(false, "bench_scaling --replay", "the step read a value of no variable: {} {}", kiln::dtype_name(e.dtype), kiln::shape_str(e.shape));
-    }
-    std::vector<const kiln::Node*> after, low_after;
-    for (const auto& v : vars_) after.push_back(v->node.get()), low_after.push_back(v->low_copy.get());
-    for (const kiln::Node* o : run_.outputs) {
-      if (o == loss.node().get()) results_.push_back({Source::Constant, -1, {}});
-      else if (int i = find(after, o); i < static_cast<int>(vars_.size())) results_.push_back({Source::Value, i, {}});
-      else if (int j = find(low_after, o); j < static_cast<int>(vars_.size())) results_.push_back({Source::Low, j, {}});
-      else results_.push_back({Source::Constant, -2, {}});  // nobody reads it
-    }
-  }
-  void step() {
-    kiln::jit::ReplayBindings b;
-    for (const Source& s : sources_)
-      b.externals.push_back(s.from == Source::Constant ? s.constant
-                            : s.from == Source::Value  ? vars_[s.var]->node
-                                                       : vars_[s.var]->low_copy);
-    b.scalars = run_.scalars;
-    b.random = run_.random;
-    std::vector<kiln::NodePtr> out = kiln::jit::replay(run_, std::move(b));
-    kiln::NodePtr loss;
-    for (size_t o = 0; o < out.size(); ++o)
-      if (results_[o].from == Source::Value) vars_[results_[o].var]->set(out[o]);
-      else if (results_[o].var == -1) loss = out[o];
-    for (size_t o = 0; o < out.size(); ++o)
-      if (results_[o].from == Source::Low) {
-        kiln::Var& v = *vars_[results_[o].var];
-        v.low_copy = out[o], v.low_copy_of = v.node, v.low_copy_used = false;
-      }
-    Tensor(loss).item();
-  }
-
- private:
-  struct Source {
-    enum From { Constant, Value, Low } from;
-    int var;
-    kiln::NodePtr constant;
-  };
-  Training& t_;
-  std::vector<std::shared_ptr<kiln::Var>> vars_;
-  kiln::jit::CapturedRun run_;
-  std::vector<Source> sources_, results_;
-};
-
-void Training::step() {
-  if (replayed) replayed->step();
-  else record().item();
-}
 
 // The floating-point operations of the step's matrix products: three forward, three weight
 // gradients, and the input gradients of the two upper layers.
@@ -231,10 +146,12 @@ int main(int argc, char** argv) {
         Training full(batch, width, kiln::DType::Float32, 0.0);
         kiln::manual_seed(0);
         Training half(batch, width, kiln::DType::BFloat16, 0.0);
-        if (replay) {
-          full.replayed = std::make_unique<Replayed>(full);
-          half.replayed = std::make_unique<Replayed>(half);
-        }
+        for (Training* t : {&full, &half})
+          if (replay) {
+            t->replayed.emplace(t->opt, [t](const std::vector<Tensor>&) { return t->loss(); });
+            for (int i = 0; i < 3; ++i) t->step();  // an eager step, the recorded one, a replay
+            KILN_CHECK(t->replayed->replaying(), "bench_scaling", "--replay: {}", t->replayed->why_not_replayed());
+          }
         std::vector<double> f32, bf16, ratios;
         for (int r = 0; r < rounds; ++r) {
           f32.push_back(full.step_ms(seconds / rounds / 2));

@@ -27,6 +27,14 @@ std::string_view dtype_in_code(DType t) {
 }
 }  // namespace
 
+thread_local AssignRecorder* t_assign_recorder = nullptr;
+
+AssignRecorder::AssignRecorder() {
+  KILN_CHECK(!t_assign_recorder, "AssignRecorder", "one is already recording on this thread");
+  t_assign_recorder = this;
+}
+AssignRecorder::~AssignRecorder() { t_assign_recorder = nullptr; }
+
 Tensor::Tensor(NodePtr node) : var_(std::allocate_shared<Var>(PooledAllocator<Var>(), std::move(node))) {}
 
 const NodePtr& Tensor::node() const {
@@ -156,6 +164,7 @@ void Tensor::assign(const Tensor& value) {
   NodePtr node = node_for_variable(*value.node(), var_);
   node->replaces = var_->node;
   var_->set(node);
+  if (t_assign_recorder) t_assign_recorder->assigned_.push_back(var_);
   if (!flags().lazy) realize();
 }
 

@@ -99,6 +99,21 @@ class Tensor {
 // Runs all pending work needed by `tensors` as one plan.
 void sync(const std::vector<Tensor>& tensors);
 
+// While one lives on a thread, every Tensor::assign on that thread adds its variable to
+// assigned(): a step's side effects, for optim::TrainStep to check it knows them all. Does not nest.
+class AssignRecorder {
+ public:
+  AssignRecorder();
+  ~AssignRecorder();
+  AssignRecorder(const AssignRecorder&) = delete;
+  AssignRecorder& operator=(const AssignRecorder&) = delete;
+  const std::vector<std::weak_ptr<Var>>& assigned() const { return assigned_; }
+
+ private:
+  friend class Tensor;
+  std::vector<std::weak_ptr<Var>> assigned_;
+};
+
 // Internal access for ops/, jit/ and nn/: the variable behind a handle.
 struct TensorAccess {
   static const std::shared_ptr<Var>& var(const Tensor& t) { return t.var_; }

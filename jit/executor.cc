@@ -735,16 +735,34 @@ std::optional<CapturedRun> realize_captured(const std::vector<NodePtr>& targets,
     realize(targets);
     return std::nullopt;
   }
-  // The graph as this realize will collect it, and the key of its replay plan.
-  PendingGraph graph;
-  std::string rewired_key;
+  // The graph as this realize will collect it and the key of its replay plan, kept by address
+  // (and the externals weakly): an owning reference would keep the run's updates from writing
+  // over their old values.
+  std::vector<const Node*> nodes;
+  std::vector<std::weak_ptr<Node>> externals;
+  std::string key, rewired_key;
+  CapturedRun run;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
-    graph = collect_compressed(targets);
+    PendingGraph graph = collect_compressed(targets);
     if (flags().plan_cache && passes_may_rewire()) rewired_key = rewire_key(graph);
+    key = graph.key;
+    for (const NodePtr& n : graph.nodes) nodes.push_back(n.get());
+    for (const NodePtr& e : graph.externals) {
+      externals.push_back(e);
+      run.externals.push_back({e.get(), e->storage->data, e->shape, e->dtype, e->device});
+    }
   }
+  // The nodes whose values a plan binds are read before the run: it may free them.
+  std::unordered_map<const Node*, std::pair<double, std::pair<uint64_t, uint64_t>>> bound_before;
+  for (const Node* n : nodes)
+    if (n->op == Op::Full || n->op == Op::RandUniform || n->op == Op::RandNormal)
+      bound_before[n] = {n->scalar, {n->seed, n->offset}};
+  std::vector<uint64_t> ids;
+  std::vector<int64_t> sizes;
+  for (const Node* n : nodes) ids.push_back(n->id), sizes.push_back(n->numel());
   realize(targets);
-  if (graph.nodes.empty()) {
+  if (nodes.empty()) {
     why = "nothing was pending";
     return std::nullopt;
   }
@@ -757,25 +775,27 @@ std::optional<CapturedRun> realize_captured(const std::vector<NodePtr>& targets,
   if (auto it = g_rewired_plans.find(rewired_key); !rewired_key.empty() && it != g_rewired_plans.end())
     plan = it->second.get();
   if (!plan)
-    if (auto it = g_plans.find(graph.key); it != g_plans.end()) plan = it->second.get();
+    if (auto it = g_plans.find(key); it != g_plans.end()) plan = it->second.get();
   if (!plan) {
     why = "its plan is not cached for the graph as collected";
     return std::nullopt;
   }
-  CapturedRun run;
   run.plan = plan;
   run.generation = g_plan_generation;
-  for (const NodePtr& e : graph.externals) run.externals.push_back({e.get(), e->storage->data, e->shape, e->dtype, e->device});
+  for (const std::weak_ptr<Node>& e : externals) run.held_externals.push_back(e.lock());
   for (int n : plan->program.scalar_nodes) {
-    run.scalar_nodes.push_back(graph.nodes[n].get());
-    run.scalars.push_back(graph.nodes[n]->scalar);
+    run.scalar_nodes.push_back(nodes[n]);
+    run.scalar_ids.push_back(ids[n]);
+    run.scalars.push_back(bound_before.at(nodes[n]).first);
   }
   for (int n : plan->program.rand_nodes) {
-    run.random_nodes.push_back(graph.nodes[n].get());
-    run.random.emplace_back(graph.nodes[n]->seed, graph.nodes[n]->offset);
+    run.random_nodes.push_back(nodes[n]);
+    run.random_numel.push_back(sizes[n]);
+    run.random.push_back(bound_before.at(nodes[n]).second);
   }
+  // Outputs are alive: held by the caller (its targets) or by a user's handle.
   auto add_output = [&](int position) {
-    const Node& n = *graph.nodes[position];
+    const Node& n = *nodes[position];
     run.outputs.push_back(&n);
     NodePtr copy = new_node(n);
     copy->inputs.clear();
@@ -789,6 +809,11 @@ std::optional<CapturedRun> realize_captured(const std::vector<NodePtr>& targets,
     if (slot.output) add_output(slot.node);
   for (const PlanAlias& alias : plan->program.aliases) add_output(alias.node);
   return run;
+}
+
+uint64_t plan_cache_generation() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_plan_generation;
 }
 
 std::vector<NodePtr> replay(const CapturedRun& run, ReplayBindings bindings) {

@@ -49,11 +49,16 @@ struct CapturedRun {
   uint64_t generation = 0;                     // the plan cache's, when captured
   std::vector<Value> externals;                // the realized values it read
   std::vector<const Node*> scalar_nodes;       // Full nodes whose values it bound
+  std::vector<uint64_t> scalar_ids;            //   their ids (recording order)
   std::vector<double> scalars;                 //   and those values
   std::vector<const Node*> random_nodes;       // Rand* nodes whose seed and offset it bound
+  std::vector<int64_t> random_numel;           //   their sizes
   std::vector<std::pair<uint64_t, uint64_t>> random;  //   and those
   std::vector<const Node*> outputs;            // the nodes it gave values to
   std::vector<NodePtr> prototypes;             // per output: a copy without inputs or storage
+  // Per external, the value where something besides the run still held it afterwards (a
+  // constant the step reads), else null: for the caller to keep what it needs and drop the rest.
+  std::vector<NodePtr> held_externals;
 };
 
 // realize(targets), kept for replay; nullopt, with the reason in `why`, where the run cannot be
@@ -78,6 +83,9 @@ class CaptureScope {
   std::vector<CapturedRun> runs_;
   std::vector<std::string> why_not_;
 };
+
+// Changes when the plan cache is cleared: a CapturedRun of another generation cannot be replayed.
+uint64_t plan_cache_generation();
 
 // A replay's values, in the CapturedRun's orders: each external realized, of the captured shape,
 // dtype and device.

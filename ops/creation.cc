@@ -33,15 +33,20 @@ namespace prim {
 Tensor rand(Op op, Shape shape, DType dtype) {
   KILN_CHECK(is_floating(dtype), op_name(op), "random values need a floating dtype, got {}", dtype_name(dtype));
   check_shape(shape, "rand");
-  uint64_t seed = current_seed();
-  // Each call consumes a fresh range of Philox counters so values never repeat within a seed.
-  uint64_t offset = g_offset.fetch_add(static_cast<uint64_t>(numel(shape) + 3) / 4 * 4);
+  auto [seed, offset] = random_key(numel(shape));
   Tensor t = record(op, dtype, std::move(shape), {});
   t.node()->seed = seed;
   t.node()->offset = offset;
   return finish(t);
 }
 }  // namespace prim
+
+std::pair<uint64_t, uint64_t> random_key(int64_t count) {
+  uint64_t seed = current_seed();
+  // Each draw consumes a fresh range of Philox counters so values never repeat within a seed.
+  uint64_t offset = g_offset.fetch_add(static_cast<uint64_t>(count + 3) / 4 * 4);
+  return {seed, offset};
+}
 
 void manual_seed(uint64_t seed) {
   g_seeded = true;

@@ -7,6 +7,7 @@
 #pragma once
 #include <array>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "core/options.h"
@@ -34,6 +35,9 @@ Tensor randn(Shape shape, DType dtype = DType::Float32);  // standard normal
 // int64 (samples) or (R, samples). Uses the seeded generator (manual_seed), drawn on the host.
 Tensor multinomial(const Tensor& probs, int64_t samples = 1);
 void manual_seed(uint64_t seed);
+// The Philox key {seed, counter base} of a draw of `count` values made now, as rand() records it;
+// advances the generator. For code that draws again without recording (a replayed step).
+std::pair<uint64_t, uint64_t> random_key(int64_t count);
 // Copies host data into a new realized tensor.
 template <typename T> Tensor from_vector(const std::vector<T>& values, Shape shape);
 // A new realized tensor whose numel(shape) * dtype_size(dtype) bytes `write` fills in host memory,

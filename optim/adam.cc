@@ -43,24 +43,38 @@ AdamOptions Adam::from_hyperparameters(const Hyperparameters& h) const {
   return o;
 }
 
-void Adam::update(size_t group, Tensor& param, const Tensor& grad, ParamState& state) {
+namespace {
+enum AdamScalar : size_t { kDecay, kWeightDecay, kBeta1, kOneMinusBeta1, kBeta2, kOneMinusBeta2, kInvSqrtBc2, kEps, kStepSize };
+}  // namespace
+
+std::vector<double> Adam::update_scalars(size_t group, const ParamState& state) const {
   const AdamOptions& o = groups_[group].options;
-  check(o);
   const double t = static_cast<double>(state.step);
   const double bias_correction1 = 1.0 - std::pow(o.beta1(), t);
   const double bias_correction2 = 1.0 - std::pow(o.beta2(), t);
+  return {1.0 - o.lr() * o.weight_decay(), o.weight_decay(), o.beta1(), 1.0 - o.beta1(), o.beta2(), 1.0 - o.beta2(),
+          1.0 / std::sqrt(bias_correction2), o.eps(), o.lr() / bias_correction1};
+}
+
+void Adam::update(size_t group, Tensor& param, const Tensor& grad, ParamState& state) {
+  const AdamOptions& o = groups_[group].options;
+  check(o);
   Tensor g = grad;
   Tensor p = param;
   if (o.weight_decay() != 0) {
-    if (decoupled_weight_decay_) p = p * (1.0 - o.lr() * o.weight_decay());
-    else g = g + param * o.weight_decay();
+    if (decoupled_weight_decay_) p = p * scalar(kDecay, p);
+    else g = g + param * scalar(kWeightDecay, param);
   }
   Tensor& m = state.tensors.at("exp_avg");     // shaped like param
   Tensor& v = state.tensors.at("exp_avg_sq");  // shaped like param
-  assign(m, m * o.beta1() + g * (1.0 - o.beta1()));
-  assign(v, v * o.beta2() + g * g * (1.0 - o.beta2()));
-  Tensor denom = sqrt(v) * (1.0 / std::sqrt(bias_correction2)) + o.eps();
-  assign(param, p - m * (o.lr() / bias_correction1) / denom);
+  assign(m, m * scalar(kBeta1, m) + g * scalar(kOneMinusBeta1, g));
+  Tensor gg = g * g;
+  assign(v, v * scalar(kBeta2, v) + gg * scalar(kOneMinusBeta2, gg));
+  Tensor root = sqrt(v);
+  Tensor denom = root * scalar(kInvSqrtBc2, root);
+  denom = denom + scalar(kEps, denom);
+  Tensor step = m * scalar(kStepSize, m);
+  assign(param, p - step / denom);
 }
 
 }  // namespace kiln::optim

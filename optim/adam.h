@@ -43,6 +43,7 @@ class Adam : public OptimizerWith<AdamOptions> {
   Hyperparameters to_hyperparameters(const AdamOptions& o) const override;
   AdamOptions from_hyperparameters(const Hyperparameters& h) const override;
   void update(size_t group, Tensor& param, const Tensor& grad, ParamState& state) override;
+  std::vector<double> update_scalars(size_t group, const ParamState& state) const override;
   std::vector<std::string> state_names(size_t) const override { return {"exp_avg", "exp_avg_sq"}; }
 
  private:

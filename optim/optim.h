@@ -12,3 +12,4 @@
 #include "optim/lr_schedule.h"
 #include "optim/serialize.h"
 #include "optim/sgd.h"
+#include "optim/train_step.h"

@@ -155,6 +155,7 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, cons
     for (auto [step, value] : steps) *step = value;
   };
   flat = 0;
+  if (capture_) capture_->first_id = Node::next_id();
   try {
     for (size_t g = 0; g < group_count(); ++g) {
       for (size_t i = 0; i < group_params(g).size(); ++i, ++flat) {
@@ -172,6 +173,8 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, cons
           recorded.push_back({TensorAccess::var(t), hold ? t.node() : nullptr, t.node()});
         steps.push_back({&state.step, state.step});
         state.step++;
+        scalars_ = update_scalars(g, state);
+        param_index_ = flat;
         if (skip.defined()) update_unless(skip, g, p, grads[flat], state);
         else update(g, p, grads[flat], state);
         outputs.push_back(p);
@@ -184,6 +187,7 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, cons
     put_back();
     throw;
   }
+  if (capture_) capture_->last_id = Node::next_id();
   // No old value may be held while the step runs: it would keep the executor from updating it in
   // place. The pending updates read the old values, so those live on until the run succeeds.
   for (Recorded& r : recorded) r.value.reset();
@@ -214,6 +218,32 @@ void Optimizer::apply(std::vector<Tensor> grads, std::vector<Tensor> extra, cons
     throw;
   }
   for (const auto& reducer : reducers) reducer->after_step();
+}
+
+std::vector<std::shared_ptr<Var>> Optimizer::known_vars() const {
+  std::vector<std::shared_ptr<Var>> vars;
+  auto add = [&](const Tensor& t) {
+    if (t.defined()) vars.push_back(TensorAccess::var(t));
+  };
+  for (const Tensor& p : parameters()) {
+    add(p);
+    if (const auto& grad = TensorAccess::var(p)->grad) vars.push_back(grad);
+  }
+  for (const auto& group : state_)
+    for (const ParamState& s : group)
+      for (const auto& [name, t] : s.tensors) add(t);
+  for (const Tensor& t : synced_with_step_) add(t);
+  return vars;
+}
+
+Tensor Optimizer::scalar(size_t i, const Tensor& like) {
+  KILN_CHECK(i < scalars_.size(), "optim::step", "{}::update() asked for scalar {}, but update_scalars() gave {}",
+             type_name(), i, scalars_.size());
+  // Of like's shape: the one Full node `like * value` records (broadcast_to makes a constant of
+  // the wanted shape), and so the node a plan binds.
+  Tensor s = broadcast_to(scalar_like(scalars_[i], like), like.shape());
+  if (capture_) capture_->scalars.push_back({param_index_, i, s.node()});
+  return s;
 }
 
 void Optimizer::clip_grad_norm(double max_norm, NormCombiner across) {

@@ -127,6 +127,15 @@ class Optimizer {
   // assign(param, ...) and, for state, assign(state.tensors[name], ...). `state.step` has already
   // been incremented. State tensors are created by init_state before the first update.
   virtual void update(size_t group, Tensor& param, const Tensor& grad, ParamState& state) = 0;
+  // The numbers update() computes on the host for parameter state `state` of `group` (its step
+  // count already advanced): learning rate, bias corrections, ... update() records each as
+  // scalar(i, like), so that a step replayed without recording (optim/train_step.h) binds them
+  // again from this function: an optimizer whose update() records other host numbers is
+  // replayed only while they stay as they were captured (the hyperparameters other than lr).
+  virtual std::vector<double> update_scalars(size_t /*group*/, const ParamState& /*state*/) const { return {}; }
+  // In update(): update_scalars(group, state)[i] as a run-time constant of `like`'s type and
+  // shape, as `like * value` records it: use it with `like`.
+  Tensor scalar(size_t i, const Tensor& like);
   // What update() records each new value with: target.assign(value), or, in a step that may be
   // skipped on the device (apply_gradients with skip), target.assign(where(skip, target, value)),
   // so what update() reads back afterwards is the selected value. Calling Tensor::assign directly
@@ -156,6 +165,24 @@ class Optimizer {
   Tensor last_grad_norm_;
   Tensor skip_;                     // set only while update_unless records an update
   std::vector<NodePtr> assigned_;   // the values assign() recorded under skip_
+  std::vector<double> scalars_;     // update_scalars() of the parameter update() records now
+  // While a TrainStep captures a step: every scalar() recorded, with its parameter (in
+  // parameters() order) and index, and the first and last node ids of the updates.
+  friend class TrainStep;
+  struct ScalarUse {
+    size_t param, index;
+    NodePtr node;
+  };
+  struct Capture {
+    std::vector<ScalarUse> scalars;
+    uint64_t first_id = 0, last_id = 0;
+  };
+  Capture* capture_ = nullptr;
+  // Every variable a step may read or write that a replay binds again: parameters and their
+  // gradients, state tensors, sync_with_step tensors. (The last gradient norm is a new tensor
+  // each step.)
+  std::vector<std::shared_ptr<Var>> known_vars() const;
+  size_t param_index_ = 0;          // of the parameter update() records now
 };
 
 // The value of `name` in `h`, or kiln::Error naming the optimizer and the key.

@@ -49,20 +49,29 @@ std::vector<std::string> SGD::state_names(size_t group) const {
   return {"momentum_buffer"};
 }
 
+namespace {
+enum SgdScalar : size_t { kWeightDecay, kKeep, kTake, kMomentum, kLr };
+}  // namespace
+
+std::vector<double> SGD::update_scalars(size_t group, const ParamState& state) const {
+  const SGDOptions& o = groups_[group].options;
+  // The buffer starts as zeros, so the first step's `buf = g` is `0 * buf + 1 * g`: the same
+  // graph as every later step, with different run-time scalars.
+  const bool first = state.step == 1;
+  return {o.weight_decay(), first ? 0.0 : o.momentum(), first ? 1.0 : 1.0 - o.dampening(), o.momentum(), o.lr()};
+}
+
 void SGD::update(size_t group, Tensor& param, const Tensor& grad, ParamState& state) {
   const SGDOptions& o = groups_[group].options;
   check(o);
   Tensor g = grad;
-  if (o.weight_decay() != 0) g = g + param * o.weight_decay();
+  if (o.weight_decay() != 0) g = g + param * scalar(kWeightDecay, param);
   if (o.momentum() != 0) {
-    // The buffer starts as zeros, so the first step's `buf = g` is `0 * buf + 1 * g`: the same
-    // graph as every later step, with different run-time scalars.
-    bool first = state.step == 1;
     Tensor& buf = state.tensors.at("momentum_buffer");
-    assign(buf, buf * (first ? 0.0 : o.momentum()) + g * (first ? 1.0 : 1.0 - o.dampening()));
-    g = o.nesterov() ? g + buf * o.momentum() : buf;
+    assign(buf, buf * scalar(kKeep, buf) + g * scalar(kTake, g));
+    g = o.nesterov() ? g + buf * scalar(kMomentum, buf) : buf;
   }
-  assign(param, param - g * o.lr());
+  assign(param, param - g * scalar(kLr, g));
 }
 
 }  // namespace kiln::optim

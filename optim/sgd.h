@@ -32,6 +32,7 @@ class SGD : public OptimizerWith<SGDOptions> {
   Hyperparameters to_hyperparameters(const SGDOptions& o) const override;
   SGDOptions from_hyperparameters(const Hyperparameters& h) const override;
   void update(size_t group, Tensor& param, const Tensor& grad, ParamState& state) override;
+  std::vector<double> update_scalars(size_t group, const ParamState& state) const override;
   std::vector<std::string> state_names(size_t group) const override;
 };
 

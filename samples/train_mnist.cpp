@@ -182,6 +182,7 @@ struct Settings {
   std::string trace_path, memory_report;
   int quantize = 0;
   std::string compress_activations = "none";
+  bool replay = false;
 };
 
 // --amp: the type autocast runs matmuls and convolutions in (float32 when "none").
@@ -209,7 +210,7 @@ static void print_saved(nn::Module& model, const Tensor& x, const Tensor& labels
 static void fit(const Settings& settings, const data::FashionMnist& train_set, const data::FashionMnist& test) {
   const auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir,
                amp, seed, data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule, tensor_parallel,
-               trace_path, memory_report, quantize, compress_activations] = settings;
+               trace_path, memory_report, quantize, compress_activations, replay] = settings;
   const kiln::Device run_on = device == "cuda" ? kiln::Device::cuda(0) : kiln::Device::cpu();
   namespace dist = kiln::distributed;
   const bool lead = dist::rank() == 0;  // the rank that prints and saves
@@ -261,6 +262,23 @@ static void fit(const Settings& settings, const data::FashionMnist& train_set, c
   kiln::samples::StepRecorder tracer(trace_path, memory_report);
   int64_t global_step = 0, trained_examples = 0;
   double accuracy = 0, train_seconds = 0;  // training steps only: evaluation excluded
+  // --replay: forward, loss, accuracy, backward and update recorded once and replayed per batch.
+  auto record_step = [&](const Tensor& input, const Tensor& labels, bool first) -> std::vector<Tensor> {
+    Tensor x = train_set.to_float(input);  // no copy for the CPU
+    std::optional<kiln::AutocastGuard> autocast;  // none: KILN_AMP still applies
+    if (amp != "none") autocast.emplace(amp_dtype(amp));  // matmuls and convolutions in bf16/fp16
+    std::optional<kiln::CompressActivationsGuard> compress;  // none: KILN_COMPRESS_ACTIVATIONS still applies
+    if (compress_activations == "int8") compress.emplace(true);
+    Tensor logits = model.forward(x);
+    Tensor loss = nn::cross_entropy(logits, labels);
+    const bool compressed = compress_activations == "int8" || kiln::flags().compress_activations == "int8";
+    if (first && (amp != "none" || compressed) && lead) print_saved(model, x, labels, loss, compressed);
+    return {loss, count_correct(logits, labels)};
+  };
+  std::optional<kiln::optim::TrainStep> replayed;
+  if (replay)
+    replayed.emplace(optimizer, [&](const std::vector<Tensor>& b) { return record_step(b[0], b[1], global_step == 0); });
+
   for (int epoch = 1; epoch <= epochs && global_step != max_steps; ++epoch) {
     auto start = std::chrono::steady_clock::now();
     int64_t step = 0, seen = 0, correct_total = 0;
@@ -269,20 +287,16 @@ static void fit(const Settings& settings, const data::FashionMnist& train_set, c
       const int64_t rows = batch.target.numel(), micro = (rows + accumulate - 1) / accumulate;
       tracer.before(global_step);
       if (accumulate > 1) optimizer.zero_grad();
-      for (int64_t at = 0; at < rows; at += micro) {
+      if (replayed) {
+        std::vector<Tensor> out = (*replayed)({batch.input.to(run_on), batch.target.to(run_on)});
+        loss = out[0], correct = out[1];
+      }
+      for (int64_t at = 0; at < rows && !replayed; at += micro) {
         // No handle to the logits outlives the step: it would keep the update from running in place.
-        Tensor x = train_set.to_float(batch.input.to(run_on)), labels = batch.target.to(run_on);  // no copy for the CPU
+        Tensor x = batch.input.to(run_on), labels = batch.target.to(run_on);  // no copy for the CPU
         if (accumulate > 1) x = x.slice(0, at, std::min(rows, at + micro)), labels = labels.slice(0, at, std::min(rows, at + micro));
-        std::optional<kiln::AutocastGuard> autocast;  // none: KILN_AMP still applies
-        if (amp != "none") autocast.emplace(amp_dtype(amp));  // matmuls and convolutions in bf16/fp16
-        std::optional<kiln::CompressActivationsGuard> compress;  // none: KILN_COMPRESS_ACTIVATIONS still applies
-        if (compress_activations == "int8") compress.emplace(true);
-        Tensor logits = model.forward(x);
-        Tensor part = nn::cross_entropy(logits, labels);
-        Tensor hits = count_correct(logits, labels);
-        const bool compressed = compress_activations == "int8" || kiln::flags().compress_activations == "int8";
-        if (global_step == 0 && at == 0 && (amp != "none" || compressed) && lead)
-          print_saved(model, x, labels, part, compressed);
+        std::vector<Tensor> out = record_step(x, labels, global_step == 0 && at == 0);
+        Tensor part = out[0], hits = out[1];
         if (accumulate == 1) {
           loss = part, correct = hits;
           break;
@@ -298,7 +312,8 @@ static void fit(const Settings& settings, const data::FashionMnist& train_set, c
       // the gradients itself, so they live only inside the plan; PyTorch's style,
       // zero_grad(); loss.backward(); step({loss, correct}), works too but writes them to p.grad()
       // (as --accumulate does).
-      if (accumulate == 1) scaler.step(optimizer, loss, {correct});  // optimizer.step(loss, {correct}) when scaling is off
+      if (replayed) {}  // stepped
+      else if (accumulate == 1) scaler.step(optimizer, loss, {correct});  // optimizer.step(loss, {correct}) when scaling is off
       else scaler.step(optimizer, {loss, correct});
       scaler.update();
       schedule.step();
@@ -455,7 +470,7 @@ int main(int argc, char** argv) {
   Settings s;
   auto& [epochs, max_steps, batch_size, lr, model_name, device, save_path, load_path, csv_path, data_dir, amp, seed,
          data_parallel, accumulate, pipeline, micro_batches, pipeline_schedule, tensor_parallel, trace_path,
-         memory_report, quantize, compress_activations] = s;
+         memory_report, quantize, compress_activations, replay] = s;
   kiln::samples::CommandLine cli(app);
   cli.at_least("--epochs", epochs, 1, "passes over the training set");
   cli.at_least("--max-steps", max_steps, -1, "stop after this many steps in all (-1: no limit)");
@@ -475,6 +490,9 @@ int main(int argc, char** argv) {
   app.add_flag("--data-parallel", data_parallel,
                "train on every process mpirun starts, each on its shard; --batch is per process");
   cli.at_least("--accumulate", accumulate, 1, "micro-batches per step (gradient accumulation)");
+  app.add_flag("--replay", replay,
+               "record the training step once and replay it on every batch (optim::TrainStep): nothing is "
+               "recorded per step");
   cli.at_least("--pipeline", pipeline, 1, "cut the MLP into this many pipeline stages, one per process (mpirun -np N)");
   cli.at_least("--micro-batches", micro_batches, 1, "micro-batches per batch under --pipeline");
   app.add_option("--schedule", pipeline_schedule, "pipeline order: 1f1b or gpipe")->check(CLI::IsMember({"1f1b", "gpipe"}));
@@ -536,6 +554,9 @@ int main(int argc, char** argv) {
       KILN_CHECK(batch_size % micro_batches == 0, "train_mnist",
                  "--batch {} does not split into --micro-batches {} equal micro-batches", batch_size, micro_batches);
     }
+    KILN_CHECK(!replay || (accumulate == 1 && amp != "fp16" && pipeline == 0 && tensor_parallel == 0), "train_mnist",
+               "--replay replays one whole step: it takes neither --accumulate, --amp fp16 (loss scaling reads on the "
+               "host), --pipeline nor --tensor-parallel");
     KILN_CHECK(accumulate <= batch_size, "train_mnist", "--accumulate {} needs at least as many examples per batch (--batch {})",
                accumulate, batch_size);
     kiln::manual_seed(seed);

@@ -53,6 +53,10 @@
 // trace.json, arena.svg (where each buffer of the step's plan lives) and timeline.svg (bytes live
 // during each kernel, the peak and the largest buffers there; samples/step_recorder.h).
 //
+// --replay records the training step once and then replays its plan on every batch
+// (optim::TrainStep): the same values as recording each step, without its host work.
+//   ./build/samples/train_mnist --epochs 1 --amp bf16 --replay
+//
 // --device cuda trains on cuda:0: the model moves there once, each batch is copied there before
 // its forward (the data set stays in host memory), and the step runs as CUDA kernels and
 // cuBLAS/cuDNN calls; only the loss and the count of correct predictions come back each step.

@@ -729,8 +729,12 @@ void realize(const std::vector<NodePtr>& targets) {
 }
 
 std::optional<CapturedRun> realize_captured(const std::vector<NodePtr>& targets, std::string& why) {
+  if (targets.empty()) {
+    why = "nothing was pending";
+    return std::nullopt;
+  }
   const auto elsewhere = [&](const NodePtr& t) { return t && t->device != targets.front()->device; };
-  if (targets.empty() || std::any_of(targets.begin(), targets.end(), elsewhere)) {
+  if (std::any_of(targets.begin(), targets.end(), elsewhere)) {
     why = "its values are on several devices (one plan each)";
     realize(targets);
     return std::nullopt;

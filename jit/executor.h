@@ -35,8 +35,10 @@ ScheduledGraph schedule_for(const std::vector<NodePtr>& targets);
 // A realize kept for replay: a training step recorded once and then run again on new values
 // without recording it. The plan it ran (owned by the plan cache) and, in each of the plan's
 // binding orders, the node it bound. The addresses identify the captured run's nodes only while
-// their owners hold them: nothing here keeps a value alive, so a capture neither pins the step's
-// memory nor keeps an update from running in place.
+// their owners hold them; only held_externals and the prototypes are owning references (drop
+// the held externals you do not need: they pin memory, and an update cannot run in place over a
+// value they hold). Random keys are as the run drew them: a recomputed copy of a draw has its
+// key, a draw the plan did not need has none.
 struct CapturedRun {
   struct Value {
     const Node* node;  // identity at capture

@@ -49,6 +49,7 @@ enum AdamScalar : size_t { kDecay, kWeightDecay, kBeta1, kOneMinusBeta1, kBeta2,
 
 std::vector<double> Adam::update_scalars(size_t group, const ParamState& state) const {
   const AdamOptions& o = groups_[group].options;
+  check(o);  // a replayed step (TrainStep) refuses a bad lr as update() does
   const double t = static_cast<double>(state.step);
   const double bias_correction1 = 1.0 - std::pow(o.beta1(), t);
   const double bias_correction2 = 1.0 - std::pow(o.beta2(), t);

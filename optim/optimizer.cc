@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "ops/autocast.h"
 #include "ops/ops.h"
+#include "ops/primitive.h"
 #include "optim/clip.h"
 
 namespace kiln::optim {
@@ -241,7 +242,9 @@ Tensor Optimizer::scalar(size_t i, const Tensor& like) {
              type_name(), i, scalars_.size());
   // Of like's shape: the one Full node `like * value` records (broadcast_to makes a constant of
   // the wanted shape), and so the node a plan binds.
-  Tensor s = broadcast_to(scalar_like(scalars_[i], like), like.shape());
+  // On like's device too: a constant met on another device is remade there (prim::follow), and
+  // that copy is the node the plan binds.
+  Tensor s = prim::follow(broadcast_to(scalar_like(scalars_[i], like), like.shape()), like.device());
   if (capture_) capture_->scalars.push_back({param_index_, i, s.node()});
   return s;
 }

@@ -55,6 +55,7 @@ enum SgdScalar : size_t { kWeightDecay, kKeep, kTake, kMomentum, kLr };
 
 std::vector<double> SGD::update_scalars(size_t group, const ParamState& state) const {
   const SGDOptions& o = groups_[group].options;
+  check(o);  // a replayed step (TrainStep) refuses a bad lr as update() does
   // The buffer starts as zeros, so the first step's `buf = g` is `0 * buf + 1 * g`: the same
   // graph as every later step, with different run-time scalars.
   const bool first = state.step == 1;

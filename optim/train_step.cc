@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <map>
-#include <numeric>
 #include <tuple>
 
 #include "core/autograd.h"
@@ -22,6 +21,21 @@ using ValueType = std::tuple<Shape, DType, Device>;
 
 ValueType type_of(const Tensor& t) { return {t.shape(), t.dtype(), t.device()}; }
 
+// Per entry of `batch`, the first entry holding the same tensor: a step recorded on {x, x} reads
+// one value where one on {x, t} reads two.
+std::vector<size_t> first_of_each(const std::vector<Tensor>& batch) {
+  std::vector<size_t> first(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    first[i] = i;
+    for (size_t j = 0; j < i; ++j)
+      if (batch[j].node() == batch[i].node()) {
+        first[i] = j;
+        break;
+      }
+  }
+  return first;
+}
+
 bool same_but_lr(const Hyperparameters& a, const Hyperparameters& b) {
   if (a.size() != b.size()) return false;
   for (const auto& [name, value] : a) {
@@ -35,6 +49,7 @@ bool same_but_lr(const Hyperparameters& a, const Hyperparameters& b) {
 
 struct TrainStep::Recording {
   std::vector<ValueType> batch;
+  std::vector<size_t> batch_first;  // per batch entry: the first entry holding the same tensor
   std::vector<Hyperparameters> hyperparameters;
   double max_grad_norm = 0;
   std::vector<Var*> vars;  // the optimizer's variables when recorded (Optimizer::known_vars order)
@@ -48,14 +63,18 @@ struct TrainStep::Recording {
     NodePtr constant;
   };
   std::vector<Read> reads;  // per external
-  enum class To { Output, Value, Low, GradNorm, Nobody };
+  enum class To { Output, Value, Low, GradNorm };
   struct Write {
+    size_t result;  // of the run's outputs
     To to;
     size_t index;
   };
-  std::vector<Write> writes;                          // per output
+  std::vector<Write> writes;                          // a run's output may go to several places
   std::vector<std::pair<int64_t, size_t>> scalar_from;  // per scalar: {parameter, update_scalars index}, or {-1, 0}
-  std::vector<size_t> random_order;                   // random keys in the order recording drew them
+  // The step's draws: offsets relative to the generator's at the step's start (a recomputed copy
+  // shares its original's key), and the span it advanced by (draws the plan does not need too).
+  std::vector<uint64_t> random_offset;
+  uint64_t random_span = 0;
   size_t outputs = 0;                                 // fn's
 };
 
@@ -93,6 +112,7 @@ TrainStep::Recording* TrainStep::find(const std::vector<Tensor>& batch, const st
       continue;
     bool same = true;
     for (size_t i = 0; same && i < batch.size(); ++i) same = type_of(batch[i]) == r.batch[i];
+    same = same && first_of_each(batch) == r.batch_first;
     for (size_t i = 0; same && i < vars.size(); ++i) same = vars[i].get() == r.vars[i];
     for (size_t g = 0; same && g < r.hyperparameters.size(); ++g)
       same = g < opt_.group_count() && same_but_lr(opt_.hyperparameters(g), r.hyperparameters[g]);
@@ -115,6 +135,7 @@ std::vector<Tensor> TrainStep::record(const std::vector<Tensor>& batch) {
   auto recording = std::make_unique<Recording>();
   Recording& r = *recording;
   for (const Tensor& t : batch) r.batch.push_back(type_of(t));
+  r.batch_first = first_of_each(batch);
   for (size_t g = 0; g < opt_.group_count(); ++g) {
     r.hyperparameters.push_back(opt_.hyperparameters(g));
     for (size_t i = 0; i < opt_.group_params(g).size(); ++i) r.param_at.emplace_back(g, i);
@@ -134,6 +155,7 @@ std::vector<Tensor> TrainStep::record(const std::vector<Tensor>& batch) {
   for (const auto& group : opt_.state_)
     for (const ParamState& s : group) steps_before.push_back(s.step);
 
+  const auto [seed, random_start] = random_key(0);
   Optimizer::Capture capture;
   std::vector<Tensor> outputs;
   std::vector<jit::CapturedRun> runs;
@@ -156,6 +178,7 @@ std::vector<Tensor> TrainStep::record(const std::vector<Tensor>& batch) {
           unknown_assign = fmt::format("{} {}", dtype_name(v->node->dtype), shape_str(v->node->shape));
   }
   ++recordings_;
+  r.random_span = random_key(0).second - random_start;
   auto give_up = [&](std::string why) {
     why_not_ = std::move(why);
     recordings_kept_.clear();
@@ -166,8 +189,8 @@ std::vector<Tensor> TrainStep::record(const std::vector<Tensor>& batch) {
     return give_up(fmt::format("the step assigned a {} the optimizer does not know (a module buffer: pass it to "
                                "opt.sync_with_step)", unknown_assign));
   if (runs.size() != 1)
-    return give_up(fmt::format("the step ran {} plans, not one: fn or the optimizer read a value on the host "
-                               "(item(), to_vector(), sync(), GradScaler) within the step",
+    return give_up(fmt::format("the step ran {} plans, not one: fn or the optimizer realized values within the step "
+                               "(item(), to_vector(), sync(), GradScaler; KILN_LAZY=0 realizes every op)",
                                runs.size()));
   for (const Tensor& p : opt_.parameters())
     if (gradient_reducer(p)) return give_up("a DataParallel reduces the gradients (its host bookkeeping runs per step)");
@@ -197,22 +220,30 @@ std::vector<Tensor> TrainStep::record(const std::vector<Tensor>& batch) {
     else return give_up(fmt::format("the step read a {} {} that nothing holds after it", dtype_name(x.dtype),
                                     shape_str(x.shape)));
   }
-  // Writes: fn's outputs, a variable's new value or autocast copy, else nobody's.
-  for (const Node* o : run.outputs) {
-    size_t out = 0;
-    while (out < outputs.size() && outputs[out].node().get() != o) ++out;
-    size_t v = 0;
-    while (v < vars.size() && vars[v]->node.get() != o) ++v;
-    size_t l = 0;
-    while (l < vars.size() && vars[l]->low_copy.get() != o) ++l;
-    const NodePtr& norm = opt_.last_grad_norm_.defined() ? opt_.last_grad_norm_.node() : nullptr;
-    if (out < outputs.size()) r.writes.push_back({Recording::To::Output, out});
-    else if (o == norm.get()) r.writes.push_back({Recording::To::GradNorm, 0});
-    else if (v < vars.size()) r.writes.push_back({Recording::To::Value, v});
-    else if (l < vars.size()) r.writes.push_back({Recording::To::Low, l});
-    else if (o->held == 0) r.writes.push_back({Recording::To::Nobody, 0});
-    else return give_up(fmt::format("the step assigned a {} {} the optimizer does not know (a module buffer: pass "
-                                    "it to opt.sync_with_step)", dtype_name(o->dtype), shape_str(o->shape)));
+  // Constants are kept in reads; the run's other values (the batch, old values still held) are not.
+  r.run.held_externals.clear();
+  // Writes: fn's outputs, variables' new values or autocast copies, the gradient norm; a result
+  // that none of them holds must be held by nobody.
+  const NodePtr& norm = opt_.last_grad_norm_.defined() ? opt_.last_grad_norm_.node() : nullptr;
+  for (size_t k = 0; k < run.outputs.size(); ++k) {
+    const Node* o = run.outputs[k];
+    const size_t before = r.writes.size();
+    for (size_t out = 0; out < outputs.size(); ++out)
+      if (outputs[out].node().get() == o) r.writes.push_back({k, Recording::To::Output, out});
+    for (size_t v = 0; v < vars.size(); ++v) {
+      if (vars[v]->node.get() == o) r.writes.push_back({k, Recording::To::Value, v});
+      if (vars[v]->low_copy.get() == o) r.writes.push_back({k, Recording::To::Low, v});
+    }
+    if (o == norm.get()) r.writes.push_back({k, Recording::To::GradNorm, 0});
+    // Held by no handle the replay updates: a handle fn kept, or a variable it assigned.
+    size_t handles = 0;
+    for (size_t w = before; w < r.writes.size(); ++w) handles += r.writes[w].to == Recording::To::Value ||
+                                                                 r.writes[w].to == Recording::To::GradNorm;
+    if (o->held > static_cast<int>(handles + std::count_if(outputs.begin(), outputs.end(),
+                                                            [&](const Tensor& t) { return t.node().get() == o; })))
+      return give_up(fmt::format("a {} {} computed by the step is held by a handle the optimizer does not know (a "
+                                 "tensor fn keeps, or a module buffer: pass buffers to opt.sync_with_step)",
+                                 dtype_name(o->dtype), shape_str(o->shape)));
   }
   r.outputs = outputs.size();
   for (size_t i = 0; i < outputs.size(); ++i)
@@ -233,10 +264,11 @@ std::vector<Tensor> TrainStep::record(const std::vector<Tensor>& batch) {
                                  opt_.type_name()));
     r.scalar_from.emplace_back(-1, 0);
   }
-  r.random_order.resize(run.random.size());
-  std::iota(r.random_order.begin(), r.random_order.end(), size_t{0});
-  std::sort(r.random_order.begin(), r.random_order.end(),
-            [&](size_t a, size_t b) { return run.random[a].second < run.random[b].second; });
+  for (auto [draw_seed, offset] : run.random) {
+    if (draw_seed != seed || offset < random_start || offset >= random_start + r.random_span)
+      return give_up("the step's random numbers were not drawn within it from the global generator");
+    r.random_offset.push_back(offset - random_start);
+  }
 
   constexpr size_t kKept = 4;  // an epoch's full and last batches, train and a second shape
   recordings_kept_.insert(recordings_kept_.begin(), std::move(recording));
@@ -289,27 +321,24 @@ std::vector<Tensor> TrainStep::replay(Recording& r, const std::vector<Tensor>& b
     }
     bindings.scalars[k] = s.at(index);
   }
-  bindings.random.resize(run.random.size());
-  for (size_t k : r.random_order) bindings.random[k] = random_key(run.random_numel[k]);
+  // The generator advances as the recorded step advanced it; each draw keeps its place.
+  const auto [seed, start] = random_key(static_cast<int64_t>(r.random_span));
+  for (uint64_t offset : r.random_offset) bindings.random.emplace_back(seed, start + offset);
   std::vector<NodePtr> results = jit::replay(run, std::move(bindings));
   undo.done = true;
   ++replays_;
   std::vector<Tensor> outputs(r.outputs);
-  for (size_t o = 0; o < results.size(); ++o) {
-    const Recording::Write& w = r.writes[o];
-    if (w.to == Recording::To::Output) {
-      outputs[w.index] = Tensor(results[o]);
-    } else if (w.to == Recording::To::Value) {
-      vars[w.index]->set(results[o]);
-    } else if (w.to == Recording::To::GradNorm) {
-      opt_.last_grad_norm_ = Tensor(results[o]);
-    }
+  for (const Recording::Write& w : r.writes) {
+    const NodePtr& result = results[w.result];
+    if (w.to == Recording::To::Output) outputs[w.index] = Tensor(result);
+    else if (w.to == Recording::To::Value) vars[w.index]->set(result);
+    else if (w.to == Recording::To::GradNorm) opt_.last_grad_norm_ = Tensor(result);
   }
-  for (size_t o = 0; o < results.size(); ++o)
-    if (r.writes[o].to == Recording::To::Low) {
+  for (const Recording::Write& w : r.writes)
+    if (w.to == Recording::To::Low) {
       // As the optimizer's update leaves it: a copy of the new value that no forward read yet.
-      Var& v = *vars[r.writes[o].index];
-      v.low_copy = results[o];
+      Var& v = *vars[w.index];
+      v.low_copy = results[w.result];
       v.low_copy_of = v.node;
       v.low_copy_used = false;
     }

@@ -335,6 +335,10 @@ static void fit(const Settings& settings, const data::FashionMnist& train_set, c
       if (global_step == max_steps) break;
     }
     train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (replayed && epoch == 1 && lead)
+      fmt::print("\n--replay: {}\n", replayed->replaying() ? fmt::format("{} steps replayed, {} recorded",
+                                                                          replayed->replays(), replayed->recordings())
+                                                            : "every step recorded: " + replayed->why_not_replayed());
     tracer.finish();
     trained_examples += seen;
     if (!lead && !all_ranks_evaluate) continue;  // the other ranks go on with the next epoch's steps

@@ -757,14 +757,14 @@ std::optional<CapturedRun> realize_captured(const std::vector<NodePtr>& targets,
       run.externals.push_back({e.get(), e->storage->data, e->shape, e->dtype, e->device});
     }
   }
-  // The nodes whose values a plan binds are read before the run: it may free them.
-  std::unordered_map<const Node*, std::pair<double, std::pair<uint64_t, uint64_t>>> bound_before;
-  for (const Node* n : nodes)
-    if (n->op == Op::Full || n->op == Op::RandUniform || n->op == Op::RandNormal)
-      bound_before[n] = {n->scalar, {n->seed, n->offset}};
-  std::vector<uint64_t> ids;
-  std::vector<int64_t> sizes;
-  for (const Node* n : nodes) ids.push_back(n->id), sizes.push_back(n->numel());
+  // What a plan binds of each node, read before the run: it may free them.
+  struct Marks {
+    uint64_t id;
+    double scalar;
+    std::pair<uint64_t, uint64_t> key;
+  };
+  std::vector<Marks> before;
+  for (const Node* n : nodes) before.push_back({n->id, n->scalar, {n->seed, n->offset}});
   realize(targets);
   if (nodes.empty()) {
     why = "nothing was pending";
@@ -789,14 +789,10 @@ std::optional<CapturedRun> realize_captured(const std::vector<NodePtr>& targets,
   for (const std::weak_ptr<Node>& e : externals) run.held_externals.push_back(e.lock());
   for (int n : plan->program.scalar_nodes) {
     run.scalar_nodes.push_back(nodes[n]);
-    run.scalar_ids.push_back(ids[n]);
-    run.scalars.push_back(bound_before.at(nodes[n]).first);
+    run.scalar_ids.push_back(before[n].id);
+    run.scalars.push_back(before[n].scalar);
   }
-  for (int n : plan->program.rand_nodes) {
-    run.random_nodes.push_back(nodes[n]);
-    run.random_numel.push_back(sizes[n]);
-    run.random.push_back(bound_before.at(nodes[n]).second);
-  }
+  for (int n : plan->program.rand_nodes) run.random.push_back(before[n].key);
   // Outputs are alive: held by the caller (its targets) or by a user's handle.
   auto add_output = [&](int position) {
     const Node& n = *nodes[position];

@@ -53,9 +53,7 @@ struct CapturedRun {
   std::vector<const Node*> scalar_nodes;       // Full nodes whose values it bound
   std::vector<uint64_t> scalar_ids;            //   their ids (recording order)
   std::vector<double> scalars;                 //   and those values
-  std::vector<const Node*> random_nodes;       // Rand* nodes whose seed and offset it bound
-  std::vector<int64_t> random_numel;           //   their sizes
-  std::vector<std::pair<uint64_t, uint64_t>> random;  //   and those
+  std::vector<std::pair<uint64_t, uint64_t>> random;  // the seed and offset of each Rand* node it bound
   std::vector<const Node*> outputs;            // the nodes it gave values to
   std::vector<NodePtr> prototypes;             // per output: a copy without inputs or storage
   // Per external, the value where something besides the run still held it afterwards (a
